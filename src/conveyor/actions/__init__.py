@@ -1,0 +1,1 @@
+"""Action definitions: the registry, the decorators, and the built-in ``core`` pack."""

@@ -1,0 +1,148 @@
+"""Registering actions in code.
+
+Python actions are callables (sync ones run in a thread pool, async ones on the
+worker's loop). Subprocess actions are data: their definition is stored in the
+``action`` table, so any worker offering their runtime can run them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+JSONSchema = dict[str, Any]
+_REF = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$")
+_JSON_TYPES: dict[Any, str] = {
+    str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array",
+}
+
+
+@dataclass(frozen=True)
+class ActionDefinition:
+    ref: str
+    runner_type: Literal["python", "subprocess"]
+    runtime: str
+    parameters_schema: JSONSchema
+    description: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    func: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def pack(self) -> str:
+        return self.ref.split(".", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.ref.split(".", 1)[1]
+
+    def row(self) -> dict[str, Any]:
+        """The ``action`` table row for this definition."""
+        return {
+            "ref": self.ref, "pack": self.pack, "name": self.name, "description": self.description,
+            "runner_type": self.runner_type, "runtime": self.runtime,
+            "parameters_schema": self.parameters_schema, "metadata": self.metadata,
+        }
+
+
+def schema_from_signature(func: Callable[..., Any]) -> JSONSchema:
+    """A JSON Schema from a function's annotated keyword parameters: parameters without
+    a default are required, unknown parameters are refused."""
+    hints = typing.get_type_hints(func)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, param in inspect.signature(func).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        properties[name] = _json_type(hints.get(name, Any))
+        if param.default is inspect.Parameter.empty:
+            required.append(name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        names = [_json_type(arg).get("type") for arg in typing.get_args(hint)]
+        flat = [n for n in names if isinstance(n, str)]
+        return {"type": flat} if len(flat) == len(names) else {}
+    if hint is type(None):
+        return {"type": "null"}
+    base = origin or hint
+    name = _JSON_TYPES.get(base)
+    return {"type": name} if name else {}
+
+
+class ActionRegistry:
+    def __init__(self) -> None:
+        self._actions: dict[str, ActionDefinition] = {}
+
+    def add(self, definition: ActionDefinition) -> ActionDefinition:
+        if not _REF.match(definition.ref):
+            raise ValueError(f"action ref {definition.ref!r} must look like pack.name")
+        jsonschema.Draft202012Validator.check_schema(definition.parameters_schema)
+        existing = self._actions.get(definition.ref)
+        if existing is not None and existing != definition:
+            raise ValueError(f"action {definition.ref!r} is registered twice with different definitions")
+        self._actions[definition.ref] = definition
+        return definition
+
+    def action(self, ref: str, *, parameters: JSONSchema | None = None, description: str | None = None,
+               timeout: float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a Python callable as action ``ref``. ``parameters`` is a JSON Schema;
+        without one it is derived from the signature."""
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            metadata: dict[str, Any] = {"async": inspect.iscoroutinefunction(func),
+                                        "entry_point": f"{func.__module__}:{func.__qualname__}"}
+            if timeout is not None:
+                metadata["timeout"] = timeout
+            self.add(ActionDefinition(
+                ref=ref, runner_type="python", runtime="python",
+                parameters_schema=parameters if parameters is not None else schema_from_signature(func),
+                description=description if description is not None else (inspect.getdoc(func) or ""),
+                metadata=metadata, func=func,
+            ))
+            return func
+
+        return register
+
+    def subprocess_action(self, ref: str, *, argv: list[str] | None = None, shell: bool = False,
+                          command_parameter: str | None = None, parameters: JSONSchema | None = None,
+                          output: Literal["text", "json"] = "text", stdin: Literal["json", "none"] = "json",
+                          description: str = "", timeout: float | None = None) -> ActionDefinition:
+        """Register a command. ``argv`` runs without a shell; ``shell=True`` runs the string in
+        parameter ``command_parameter`` with ``/bin/sh -c``, and only when the action says so."""
+        if shell == (argv is not None):
+            raise ValueError("give either argv or shell=True with command_parameter")
+        if shell and not command_parameter:
+            raise ValueError("shell=True needs command_parameter")
+        metadata: dict[str, Any] = {"argv": argv, "shell": shell, "command_parameter": command_parameter,
+                                    "output": output, "stdin": stdin}
+        if timeout is not None:
+            metadata["timeout"] = timeout
+        return self.add(ActionDefinition(
+            ref=ref, runner_type="subprocess", runtime="shell",
+            parameters_schema=parameters or {"type": "object"}, description=description, metadata=metadata,
+        ))
+
+    def get(self, ref: str) -> ActionDefinition | None:
+        return self._actions.get(ref)
+
+    def __iter__(self) -> Iterator[ActionDefinition]:
+        return iter(sorted(self._actions.values(), key=lambda d: d.ref))
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+
+# The registry user modules add to with the module-level decorators.
+default_registry = ActionRegistry()
+action = default_registry.action
+subprocess_action = default_registry.subprocess_action

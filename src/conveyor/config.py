@@ -1,0 +1,162 @@
+"""Configuration: defaults < YAML file (``--config`` / ``CONVEYOR_CONFIG``) < environment.
+
+Environment variables are ``CONVEYOR__SECTION__KEY`` (``CONVEYOR__WORKER__HEARTBEAT_INTERVAL=5``)
+plus ``DATABASE_URL``. Key names and defaults follow the seeds. Every value's source is
+kept so ``conveyor config show`` can say where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from conveyor.domain.errors import ConveyorError
+
+ENV_PREFIX = "CONVEYOR__"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatabaseSettings(_Section):
+    url: str | None = Field(None, description="PostgreSQL URL; unset = the embedded PostgreSQL")
+    schema_name: str = Field("conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$",
+                             description="schema holding every Conveyor object")
+    pool_size: int = Field(10, ge=2, description="connections per process")
+
+
+class ExecutorSettings(_Section):
+    scheduled_timeout: float = Field(300, gt=0, description="seconds an execution may stay scheduled")
+    timeout_check_interval: float = Field(60, gt=0, description="seconds between recovery sweeps")
+    poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
+    batch_size: int = Field(100, ge=1, le=10_000, description="executions claimed per statement")
+    claim_timeout: float = Field(30, gt=0, description="a claim left in scheduling is reclaimed after this")
+    no_worker_grace: float = Field(
+        0, ge=0, description="seconds to wait for a capable worker before failing 'no workers available'")
+
+
+class WorkerSettings(_Section):
+    name: str | None = Field(None, description="unique worker name; default host-pid")
+    heartbeat_interval: float = Field(10, gt=0, description="seconds between heartbeats")
+    heartbeat_staleness_multiplier: float = Field(
+        3, ge=1, description="a worker is stale after heartbeat_interval x this")
+    max_concurrent_tasks: int = Field(10, ge=1, description="executions run at once")
+    shutdown_timeout: float = Field(30, ge=0, description="seconds SIGTERM waits for running work")
+    poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
+    execution_timeout: float = Field(600, gt=0, description="default per-action execution timeout")
+    kill_grace: float = Field(5, ge=0, description="seconds between SIGTERM and SIGKILL on timeout")
+    output_limit: int = Field(10 * 1024 * 1024, ge=1024, description="bytes of stdout/stderr kept")
+    runtimes: list[str] = Field(default_factory=lambda: ["python", "shell"])
+    imports: list[str] = Field(default_factory=list, description="modules whose actions this worker offers")
+
+    @property
+    def staleness(self) -> float:
+        return self.heartbeat_interval * self.heartbeat_staleness_multiplier
+
+
+class EmbeddedSettings(_Section):
+    data_dir: Path | None = Field(None, description="embedded PostgreSQL data; default per-user data dir")
+
+
+class LogSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json_output: bool = Field(False, alias="json")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
+    )
+
+    transport: Literal["postgres"] = "postgres"
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)  # type: ignore[arg-type]
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
+    embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)  # type: ignore[arg-type]
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init carries the YAML file (merged by load_settings); env overrides it.
+        return (_DatabaseUrlSource(settings_cls), env_settings, init_settings)
+
+
+class _DatabaseUrlSource(EnvSettingsSource):
+    """``DATABASE_URL``, the variable every PaaS and tool already sets."""
+
+    def __call__(self) -> dict[str, Any]:
+        url = os.environ.get("DATABASE_URL")
+        return {"database": {"url": url}} if url else {}
+
+
+class LoadedSettings(BaseModel):
+    settings: Settings
+    sources: dict[str, str]
+    config_file: Path | None
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def load_settings(config_file: str | Path | None = None) -> LoadedSettings:
+    path_text = str(config_file) if config_file else os.environ.get("CONVEYOR_CONFIG")
+    path = Path(path_text) if path_text else None
+    file_data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConveyorError(f"cannot read config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConveyorError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConveyorError(f"config file {path} must hold a mapping of sections")
+        file_data = loaded or {}
+    try:
+        settings = Settings(**file_data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConveyorError(f"invalid configuration: {problems}") from None
+
+    sources: dict[str, str] = {}
+    file_keys = set(_flatten(file_data))
+    for key in _flatten(settings.model_dump(by_alias=True)):
+        env_name = ENV_PREFIX + key.replace(".", "__").upper()
+        if key == "database.url" and os.environ.get("DATABASE_URL"):
+            sources[key] = "env DATABASE_URL"
+        elif env_name in os.environ:
+            sources[key] = f"env {env_name}"
+        elif key in file_keys:
+            sources[key] = f"file {path}"
+        else:
+            sources[key] = "default"
+    return LoadedSettings(settings=settings, sources=sources, config_file=path)

@@ -1,0 +1,34 @@
+"""Errors a user can act on. Their messages are shown as they are, without a traceback."""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class: the message is meant for the person at the terminal."""
+
+
+class UnknownActionError(ConveyorError):
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"unknown action {ref!r}: no worker has registered it (see `conveyor actions list`)")
+        self.ref = ref
+
+
+class InvalidParametersError(ConveyorError):
+    def __init__(self, ref: str, problems: list[str]) -> None:
+        super().__init__(f"invalid parameters for {ref}: " + "; ".join(problems))
+        self.ref = ref
+        self.problems = problems
+
+
+class ExecutionNotFoundError(ConveyorError):
+    def __init__(self, execution_id: int) -> None:
+        super().__init__(f"no execution with id {execution_id}")
+        self.execution_id = execution_id
+
+
+class SchemaTooNewError(ConveyorError):
+    """The database was migrated by a newer Conveyor; running against it could corrupt it."""
+
+
+class DatabaseUnavailableError(ConveyorError):
+    pass

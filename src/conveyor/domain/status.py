@@ -1,0 +1,67 @@
+"""Execution and worker statuses and the one transition graph.
+
+The graph is written down here. Migration 0001 stores the same edges in the
+``execution_transition`` table, which a trigger consults on every UPDATE, so the
+database refuses an illegal transition whatever code path attempts it; a unit
+test asserts the two agree.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ExecutionStatus(StrEnum):
+    REQUESTED = "requested"
+    SCHEDULING = "scheduling"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELING = "canceling"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    ABANDONED = "abandoned"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+
+class WorkerStatus(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    INACTIVE = "inactive"
+
+
+S = ExecutionStatus
+
+TERMINAL: frozenset[ExecutionStatus] = frozenset(
+    {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.ABANDONED}
+)
+
+# Back-edges to REQUESTED: a claim handed back (no capacity, stale claim reclaimed),
+# a dispatch lost before start, a worker lost mid-run with a retry allowed.
+TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
+    S.REQUESTED: frozenset({S.SCHEDULING, S.CANCELLED}),
+    S.SCHEDULING: frozenset({S.SCHEDULED, S.REQUESTED, S.FAILED, S.CANCELLED}),
+    S.SCHEDULED: frozenset({S.RUNNING, S.REQUESTED, S.FAILED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.TIMEOUT, S.CANCELING, S.REQUESTED, S.ABANDONED}),
+    S.CANCELING: frozenset({S.CANCELLED, S.ABANDONED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMEOUT: frozenset(),
+    S.ABANDONED: frozenset(),
+}
+
+# Statuses in which an execution occupies a slot on its worker.
+ON_WORKER: frozenset[ExecutionStatus] = frozenset({S.SCHEDULED, S.RUNNING, S.CANCELING})
+
+
+def can_transition(source: ExecutionStatus, target: ExecutionStatus) -> bool:
+    return target in TRANSITIONS[source]
+
+
+def edges() -> set[tuple[str, str]]:
+    return {(str(a), str(b)) for a, targets in TRANSITIONS.items() for b in targets}

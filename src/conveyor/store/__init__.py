@@ -1,0 +1,1 @@
+"""Storage layer: SQL in .sql files of named queries, numbered migrations, connections."""

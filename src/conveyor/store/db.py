@@ -1,0 +1,69 @@
+"""Connections with the schema on the search path, so named queries and the seeds'
+runbook SQL run unqualified."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+Row = dict[str, Any]
+
+# Keepalives so that a session whose peer vanished (host down, link cut) is
+# noticed by both ends in seconds rather than after the kernel's 2-hour default.
+KEEPALIVES: Mapping[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+
+
+def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
+    return {
+        "options": f"-c search_path={schema}",
+        "application_name": application_name,
+        **KEEPALIVES,
+    }
+
+
+async def connect(url: str, schema: str, application_name: str = "conveyor",
+                  autocommit: bool = False) -> psycopg.AsyncConnection[Row]:
+    return await psycopg.AsyncConnection.connect(
+        url, autocommit=autocommit, row_factory=dict_row, **conninfo_kwargs(schema, application_name)
+    )
+
+
+def connect_sync(url: str, schema: str, application_name: str = "conveyor",
+                 autocommit: bool = False) -> psycopg.Connection[Row]:
+    return psycopg.Connection.connect(
+        url, autocommit=autocommit, row_factory=dict_row, **conninfo_kwargs(schema, application_name)
+    )
+
+
+def make_pool(url: str, schema: str, application_name: str, max_size: int) -> AsyncConnectionPool[
+        psycopg.AsyncConnection[Row]]:
+    return AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"row_factory": dict_row, **conninfo_kwargs(schema, application_name)},
+        connection_class=psycopg.AsyncConnection[Row],
+        # A connection broken by a database restart is discarded, not reused.
+        check=AsyncConnectionPool.check_connection,
+    )
+
+
+def channel(schema: str, name: str) -> str:
+    """NOTIFY channel names carry the schema so two installations in one database
+    do not wake each other."""
+    return f"{schema}.{name}"
+
+
+def listen_statement(channel_name: str) -> sql.Composed:
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel_name))

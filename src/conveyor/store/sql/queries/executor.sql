@@ -1,0 +1,78 @@
+-- name: claim_requested
+-- Claim a batch of requested executions for this executor (requested -> scheduling),
+-- oldest first, skipping rows another replica holds. Returns what placement needs.
+WITH picked AS (
+    SELECT id FROM execution
+    WHERE status = 'requested'
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE execution e
+SET status = 'scheduling', executor = %(executor)s
+FROM picked, action a
+WHERE e.id = picked.id AND a.ref = e.action_ref
+RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
+          a.parameters_schema, a.updated AS action_updated,
+          extract(epoch FROM now() - e.created)::float8 AS age;
+
+-- name: lock_assignment
+-- Serialize placement across executor replicas so two of them cannot both fill
+-- the last free slot of a worker. Held for one short transaction.
+SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0));
+
+-- name: live_workers
+-- Workers that may take work now: active, heartbeat fresh by the database clock,
+-- with their current load (executions occupying a slot).
+SELECT w.id, w.name, w.runtimes, w.actions, w.capacity,
+       (SELECT count(*) FROM execution e
+        WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load
+FROM worker w
+WHERE w.status = 'active'
+  AND w.worker_role = 'action'
+  AND w.last_heartbeat > now() - make_interval(secs => %(staleness)s)
+ORDER BY w.id;
+
+-- name: assign
+-- scheduling -> scheduled on the chosen workers, each with a new attempt number and
+-- its execution_attempt row (the fencing token). Guarded on status and claimant.
+WITH chosen AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(workers)s::bigint[]) AS c(id, worker)
+), moved AS (
+    UPDATE execution e
+    SET status = 'scheduled', worker = chosen.worker, attempt = e.attempt + 1,
+        scheduled = now(), started = NULL, ended = NULL
+    FROM chosen
+    WHERE e.id = chosen.id AND e.status = 'scheduling' AND e.executor = %(executor)s
+    RETURNING e.id, e.attempt, e.worker
+), recorded AS (
+    INSERT INTO execution_attempt (execution, attempt, worker, worker_name)
+    SELECT moved.id, moved.attempt, moved.worker, w.name
+    FROM moved JOIN worker w ON w.id = moved.worker
+)
+SELECT id, attempt, worker FROM moved;
+
+-- name: release_claims
+-- scheduling -> requested: hand claims back (no free capacity right now).
+UPDATE execution SET status = 'requested', executor = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'scheduling' AND executor = %(executor)s
+RETURNING id;
+
+-- name: fail_claims
+-- scheduling -> failed with a reason per execution (invalid parameters, no workers).
+WITH failing AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
+)
+UPDATE execution e
+SET status = 'failed', ended = now(),
+    result = jsonb_build_object('succeeded', false, 'error', failing.error,
+                                'failed_by', 'scheduler')
+FROM failing
+WHERE e.id = failing.id AND e.status = 'scheduling' AND e.executor = %(executor)s
+RETURNING e.id;
+
+-- name: reclaim_stale_claims
+-- A claim left in scheduling by an executor that died is handed back after a bound.
+UPDATE execution SET status = 'requested', executor = NULL
+WHERE status = 'scheduling' AND updated < now() - make_interval(secs => %(older_than)s)
+RETURNING id, executor;

@@ -1,0 +1,47 @@
+-- name: get_execution
+SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
+       e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
+       e.started, e.ended
+FROM execution e LEFT JOIN worker w ON w.id = e.worker
+WHERE e.id = %(id)s;
+
+-- name: get_attempts
+SELECT attempt, worker, worker_name, scheduled, started, ended, outcome, error
+FROM execution_attempt WHERE execution = %(id)s ORDER BY attempt;
+
+-- name: list_executions
+-- Newest first; optional filters; keyset pagination on id.
+SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
+       e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
+       e.started, e.ended
+FROM execution e LEFT JOIN worker w ON w.id = e.worker
+WHERE (%(status)s::text IS NULL OR e.status = %(status)s)
+  AND (%(action)s::text IS NULL OR e.action_ref = %(action)s)
+  AND (%(before)s::bigint IS NULL OR e.id < %(before)s)
+ORDER BY e.id DESC
+LIMIT %(limit)s;
+
+-- name: list_workers
+SELECT w.id, w.name, w.worker_role, w.status, w.runtimes, w.capacity,
+       (SELECT count(*) FROM execution e
+        WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load,
+       w.host, w.pid, w.last_heartbeat,
+       extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
+       w.created, w.updated
+FROM worker w
+ORDER BY w.status, w.name;
+
+-- name: list_actions
+SELECT ref, pack, name, description, runner_type, runtime, parameters_schema, metadata
+FROM action ORDER BY ref;
+
+-- name: get_action
+SELECT ref, pack, name, description, runner_type, runtime, parameters_schema, metadata
+FROM action WHERE ref = %(ref)s;
+
+-- name: execution_statuses
+-- Status (and result) of a set of executions, for waiters.
+SELECT id, status FROM execution WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: counts_by_status
+SELECT status, count(*)::bigint AS n FROM execution GROUP BY status ORDER BY status;
