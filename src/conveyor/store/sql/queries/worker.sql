@@ -79,3 +79,16 @@ WITH back AS (
     FROM back WHERE t.execution = back.id AND t.attempt = back.attempt
 )
 SELECT id FROM back;
+
+-- name: release_running
+-- Shutdown past shutdown_timeout: executions this worker was running and had to
+-- cancel go back to requested for another attempt; the attempt is closed as interrupted.
+WITH back AS (
+    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL
+    WHERE worker = %(worker)s AND status = 'running'
+    RETURNING id, attempt
+), recorded AS (
+    UPDATE execution_attempt t SET ended = now(), outcome = 'interrupted', error = 'worker shut down'
+    FROM back WHERE t.execution = back.id AND t.attempt = back.attempt
+)
+SELECT id FROM back;

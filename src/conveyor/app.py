@@ -1,0 +1,117 @@
+"""Running services in one process: migrations, the transport, executor and/or
+worker under one task group, with two-phase signal handling (the first SIGTERM or
+SIGINT drains, a second one exits fast)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import signal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import structlog
+
+from conveyor.actions.core import core
+from conveyor.actions.registry import ActionDefinition, default_registry
+from conveyor.config import Settings
+from conveyor.domain.errors import ConveyorError
+from conveyor.executor.service import ExecutorService
+from conveyor.store.db import connect_sync, make_pool
+from conveyor.store.migrate import Migration, migrate
+from conveyor.store.queries import Q
+from conveyor.store.rows import action_row
+from conveyor.transport.postgres import PostgresTransport
+from conveyor.worker.service import WorkerService
+
+log = structlog.get_logger(__name__)
+
+
+def load_actions(imports: Sequence[str]) -> list[ActionDefinition]:
+    """The core pack plus every action the imported modules register."""
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConveyorError(f"cannot import action module {module!r}: {exc}") from exc
+    actions = {a.ref: a for a in core}
+    for definition in default_registry:
+        actions[definition.ref] = definition
+    return list(actions.values())
+
+
+def upsert_actions(conn: psycopg.Connection[Any], definitions: Iterable[ActionDefinition]) -> None:
+    for definition in definitions:
+        conn.execute(Q["upsert_action"], action_row(definition))
+
+
+def prepare_database(url: str, schema: str) -> list[Migration]:
+    """Migrate, and record the core pack so its actions can be requested (and fail
+    with "no workers available" rather than "unknown action") before any worker ran."""
+    applied = migrate(url, schema)
+    with connect_sync(url, schema, application_name="conveyor-migrate") as conn, conn.transaction():
+        upsert_actions(conn, core)
+    return applied
+
+
+@contextmanager
+def _signals(stop: asyncio.Event, fast: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if not stop.is_set():
+            log.info("shutting down gracefully; send the signal again to exit fast",
+                     signal=signal.Signals(signum).name)
+            stop.set()
+        else:
+            log.warning("fast shutdown", signal=signal.Signals(signum).name)
+            fast.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def serve(settings: Settings, url: str, *, run_executor: bool, run_worker: bool,
+                imports: Sequence[str] = (), on_ready: Callable[[str | None], None] | None = None) -> None:
+    schema = settings.database.schema_name
+    actions = load_actions([*settings.worker.imports, *imports]) if run_worker else []
+    try:
+        applied = await asyncio.to_thread(prepare_database, url, schema)
+    except psycopg.OperationalError as exc:
+        raise ConveyorError(f"cannot reach the database: {str(exc).strip()}") from exc
+    if applied:
+        log.info("schema migrated", schema=schema, versions=[m.version for m in applied])
+
+    stop, fast = asyncio.Event(), asyncio.Event()
+    roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker)) if on)
+    transport = PostgresTransport(url, schema, application_name=f"conveyor-{roles}-listen")
+    pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size)
+    await pool.open(wait=True, timeout=30)
+    try:
+        executor = ExecutorService(settings, pool, transport) if run_executor else None
+        worker = WorkerService(settings, pool, transport, actions) if run_worker else None
+        if worker is not None:
+            await worker.register()
+        with _signals(stop, fast):
+            async with asyncio.TaskGroup() as tg:
+                ready = asyncio.Event()
+                listener = tg.create_task(transport.run(ready), name="transport")
+                await ready.wait()
+                services = []
+                if executor is not None:
+                    services.append(tg.create_task(executor.run(stop), name="executor"))
+                if worker is not None:
+                    services.append(tg.create_task(worker.run(stop, fast), name="worker"))
+                if on_ready is not None:
+                    on_ready(worker.name if worker else None)
+                await asyncio.gather(*services)
+                listener.cancel()
+    finally:
+        await pool.close()

@@ -1,0 +1,77 @@
+"""``conveyor executions list|get``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from conveyor.cli.context import JsonOption, console, print_json, state, when
+from conveyor.domain.models import Execution
+from conveyor.domain.status import ExecutionStatus
+
+app = typer.Typer(help="Inspect executions.", no_args_is_help=True)
+
+_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "abandoned": "red",
+          "cancelled": "yellow", "running": "cyan", "scheduled": "blue"}
+
+
+def _status(status: str) -> str:
+    return f"[{_STYLE.get(status, 'white')}]{status}[/]"
+
+
+@app.command("list")
+def list_(
+    status: Annotated[ExecutionStatus | None, typer.Option(help="Only this status.")] = None,
+    action: Annotated[str | None, typer.Option(help="Only this action ref.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    before: Annotated[int | None, typer.Option(help="Only ids below this (paging).")] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Newest executions first."""
+    with state.client() as client:
+        rows = client.list(status=status.value if status else None, action=action, limit=limit, before=before)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "action", "status", "attempt", "worker", "created", "duration")
+    for e in rows:
+        duration = f"{(e.ended - e.started).total_seconds():.3f}s" if e.started and e.ended else "-"
+        table.add_row(str(e.id), e.action_ref, _status(e.status), str(e.attempt), e.worker_name or "-",
+                      when(e.created), duration)
+    console.print(table)
+
+
+@app.command()
+def get(execution_id: Annotated[int, typer.Argument(help="Execution id")], as_json: bool = JsonOption) -> None:
+    """One execution with its parameters, result and attempts."""
+    with state.client() as client:
+        execution = client.get(execution_id)
+    if as_json:
+        print_json(execution)
+    else:
+        show_execution(execution)
+
+
+def show_execution(e: Execution) -> None:
+    console.print(f"[bold]execution {e.id}[/]  {e.action_ref}  {_status(e.status)}  attempt {e.attempt}")
+    console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
+    console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
+    if isinstance(e.result, dict):
+        for key in ("exit_code", "duration", "error", "data"):
+            if e.result.get(key) is not None:
+                console.print(f"  {key}: {json.dumps(e.result[key])}", highlight=False)
+        for stream in ("stdout", "stderr"):
+            text = e.result.get(stream)
+            if text:
+                flag = " (truncated)" if e.result.get(f"{stream}_truncated") else ""
+                console.print(f"  {stream}{flag}:", highlight=False)
+                console.print(text.rstrip("\n"), markup=False, highlight=False)
+    if e.attempts:
+        table = Table("attempt", "worker", "scheduled", "started", "ended", "outcome", "error", title="attempts")
+        for a in e.attempts:
+            table.add_row(str(a.attempt), a.worker_name or "-", when(a.scheduled), when(a.started),
+                          when(a.ended), a.outcome or "-", a.error or "")
+        console.print(table)

@@ -1,0 +1,65 @@
+"""Entry point: global options, sub-commands, and errors shown without tracebacks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import psycopg
+import typer
+
+from conveyor.cli import actions, config_cmd, executions, run, services, workers
+from conveyor.cli.context import err_console, state
+from conveyor.domain.errors import ConveyorError
+
+app = typer.Typer(
+    name="conveyor",
+    help="Conveyor: run actions on a fleet of workers; nothing stuck, lost or silently run twice.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _options(
+    config: Annotated[str | None, typer.Option("--config", "-c", envvar="CONVEYOR_CONFIG",
+                                               help="YAML configuration file.")] = None,
+) -> None:
+    state.config_file = config
+
+
+app.command()(services.up)
+app.command()(services.executor)
+app.command()(services.worker)
+app.command()(services.migrate)
+app.command()(run.run)
+app.add_typer(executions.app, name="executions")
+app.add_typer(workers.app, name="workers")
+app.add_typer(actions.app, name="actions")
+app.add_typer(config_cmd.app, name="config")
+
+
+def _user_facing(exc: BaseException) -> str | None:
+    """The message for an error a user can act on, looking inside task-group errors."""
+    if isinstance(exc, ConveyorError):
+        return str(exc)
+    if isinstance(exc, psycopg.OperationalError):
+        return f"cannot reach the database: {str(exc).strip()}"
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            message = _user_facing(inner)
+            if message:
+                return message
+    return None
+
+
+def main() -> None:
+    try:
+        app()
+    except (ConveyorError, psycopg.OperationalError, BaseExceptionGroup) as exc:
+        message = _user_facing(exc)
+        if message is None:
+            raise
+        err_console.print(f"[red]error:[/] {message}", highlight=False)
+        sys.exit(1)

@@ -1,0 +1,61 @@
+"""``conveyor run ACTION key=value ... [--wait]``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from conveyor.cli.context import JsonOption, console, print_json, state
+from conveyor.cli.executions import show_execution
+from conveyor.domain.errors import ConveyorError
+from conveyor.domain.status import ExecutionStatus
+
+
+def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
+    """``key=value`` pairs; a value is taken as JSON when the action's schema says the
+    parameter is not a string (so ``seconds=1`` is a number, ``message=1`` stays text)."""
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConveyorError(f"parameter {pair!r} is not key=value")
+        declared = properties.get(key, {}).get("type") if isinstance(properties.get(key), dict) else None
+        types = declared if isinstance(declared, list) else [declared]
+        if types == ["string"]:
+            params[key] = raw
+            continue
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def run(
+    action: Annotated[str, typer.Argument(help="Action ref, e.g. core.echo")],
+    parameters: Annotated[list[str] | None, typer.Argument(help="key=value pairs")] = None,
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the result; exit 1 unless it succeeded.")]
+    = False,
+    timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Request an execution. Without --wait, print its id alone (for scripts)."""
+    with state.client() as client:
+        definition = client.action(action)
+        execution_id = client.request(action, parse_parameters(parameters or [], definition["parameters_schema"]))
+        if not wait:
+            if as_json:
+                print_json({"id": execution_id})
+            else:
+                console.print(execution_id, highlight=False)
+            return
+        execution = client.wait(execution_id, timeout)
+    if as_json:
+        print_json(execution)
+    else:
+        show_execution(execution)
+    if execution.status is not ExecutionStatus.COMPLETED:
+        raise typer.Exit(1)

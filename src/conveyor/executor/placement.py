@@ -1,0 +1,61 @@
+"""Choosing a worker for each claimed execution. Pure: no I/O, unit-tested alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    id: int
+    action_ref: str
+    runner_type: str
+    runtime: str
+    age: float  # seconds since the execution was requested (database clock)
+
+
+@dataclass(slots=True)
+class Candidate:
+    id: int
+    runtimes: Sequence[str]
+    actions: Sequence[str]
+    capacity: int
+    load: int
+
+    def can_run(self, claim: Claim) -> bool:
+        # Python actions need the worker to have imported their code; subprocess
+        # actions are data and run anywhere their runtime is offered.
+        if claim.action_ref in self.actions:
+            return True
+        return claim.runner_type == "subprocess" and claim.runtime in self.runtimes
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.load
+
+
+@dataclass(slots=True)
+class Placement:
+    assigned: list[tuple[int, int]] = field(default_factory=list)  # (execution, worker)
+    no_capacity: list[int] = field(default_factory=list)  # capable workers exist but are full
+    no_worker: list[int] = field(default_factory=list)  # no live worker can run it at all
+
+
+def place(claims: Sequence[Claim], workers: Sequence[Candidate]) -> Placement:
+    """Assign claims in order, each to the least loaded capable worker with a free slot
+    (load relative to capacity, then absolute load, then id for determinism)."""
+    result = Placement()
+    for claim in claims:
+        capable = [w for w in workers if w.can_run(claim)]
+        if not capable:
+            result.no_worker.append(claim.id)
+            continue
+        open_ = [w for w in capable if w.free > 0]
+        if not open_:
+            result.no_capacity.append(claim.id)
+            continue
+        best = min(open_, key=lambda w: (w.load / w.capacity, w.load, w.id))
+        best.load += 1
+        result.assigned.append((claim.id, best.id))
+    return result

@@ -1,0 +1,121 @@
+"""One scheduling round: claim (requested -> scheduling), validate, place, dispatch
+(scheduling -> scheduled) or hand back / fail. Every write is guarded on status and
+on this executor's claim, so rounds on any number of replicas cannot collide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.executor.placement import Candidate, Claim, place
+from conveyor.store.queries import Q
+from conveyor.transport.base import Topic, Transport
+
+log = structlog.get_logger(__name__)
+
+NO_WORKERS = "no workers available: no live worker offers action {ref}"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    claimed: int
+    dispatched: int
+    failed: int
+    handed_back: int
+
+
+class Scheduler:
+    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, *, executor_id: str,
+                 batch_size: int, staleness: float, no_worker_grace: float) -> None:
+        self._pool = pool
+        self._transport = transport
+        self._executor_id = executor_id
+        self._batch_size = batch_size
+        self._staleness = staleness
+        self._grace = no_worker_grace
+        self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
+
+    async def run_round(self) -> RoundResult:
+        async with self._pool.connection() as conn:
+            workers = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
+            await conn.commit()
+            free = sum(max(0, w["capacity"] - w["load"]) for w in workers)
+            # Claim no more than can be placed; with no live worker at all, still claim
+            # so that executions nobody can run are failed instead of left waiting.
+            limit = min(self._batch_size, free) if workers else self._batch_size
+            if limit == 0:
+                return RoundResult(0, 0, 0, 0)
+            async with conn.transaction():
+                rows = await (await conn.execute(
+                    Q["claim_requested"], {"limit": limit, "executor": self._executor_id})).fetchall()
+            if not rows:
+                return RoundResult(0, 0, 0, 0)
+
+            failures: dict[int, str] = {}
+            claims: list[Claim] = []
+            for row in rows:
+                problem = self._invalid(row)
+                if problem:
+                    failures[row["id"]] = problem
+                else:
+                    claims.append(Claim(row["id"], row["action_ref"], row["runner_type"], row["runtime"],
+                                        row["age"]))
+            refs = {c.id: c.action_ref for c in claims}
+
+            async with conn.transaction():
+                await conn.execute(Q["lock_assignment"])
+                live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
+                candidates = [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"])
+                              for w in live]
+                placement = place(claims, candidates)
+                ages = {c.id: c.age for c in claims}
+                release = list(placement.no_capacity)
+                for eid in placement.no_worker:
+                    if ages[eid] >= self._grace:
+                        failures[eid] = NO_WORKERS.format(ref=refs[eid])
+                    else:
+                        release.append(eid)
+                dispatched = []
+                if placement.assigned:
+                    ids, worker_ids = zip(*placement.assigned, strict=True)
+                    dispatched = await (await conn.execute(Q["assign"], {
+                        "ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id,
+                    })).fetchall()
+                    await self._transport.publish(conn, Topic.WORKER, worker_ids={r["worker"] for r in dispatched})
+                failed = []
+                if failures:
+                    failed = await (await conn.execute(Q["fail_claims"], {
+                        "ids": list(failures), "errors": list(failures.values()), "executor": self._executor_id,
+                    })).fetchall()
+                    await self._transport.publish(conn, Topic.COMPLETED, execution_ids=[r["id"] for r in failed])
+                if release:
+                    await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
+        for eid, error in failures.items():
+            log.warning("execution failed before dispatch", execution_id=eid, error=error)
+        return RoundResult(len(rows), len(dispatched), len(failed), len(release))
+
+    def _invalid(self, row: dict[str, Any]) -> str | None:
+        key = (row["action_ref"], row["action_updated"])
+        validator = self._validators.get(key)
+        if validator is None:
+            cls = jsonschema.validators.validator_for(row["parameters_schema"])
+            validator = cls(row["parameters_schema"])
+            self._validators[key] = validator
+        errors = sorted(validator.iter_errors(row["parameters"]), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        return "invalid parameters: " + "; ".join(
+            f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors)
+
+    async def reclaim_stale(self, older_than: float) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await (await conn.execute(Q["reclaim_stale_claims"], {"older_than": older_than})).fetchall()
+            if rows:
+                await self._transport.publish(conn, Topic.REQUESTED)
+        for row in rows:
+            log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], executor=row["executor"])
+        return len(rows)

@@ -1,0 +1,1 @@
+"""Transports: the doorbell between state changes and the processes that act on them."""

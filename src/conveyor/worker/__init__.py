@@ -1,0 +1,1 @@
+"""The worker: registers, heartbeats, claims executions dispatched to it, runs them."""

@@ -1,0 +1,100 @@
+"""Run a Python action: async callables on the worker's loop, sync ones in a thread pool."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import json
+import time
+import traceback
+from typing import Any
+
+from conveyor.actions.registry import ActionDefinition
+from conveyor.domain.models import ActionResult
+
+
+class _TimedOut(Exception):
+    pass
+
+
+async def _call_async(func: Any, parameters: dict[str, Any], seconds: float) -> Any:
+    try:
+        async with asyncio.timeout(seconds) as scope:
+            return await func(**parameters)
+    except TimeoutError:
+        if scope.expired():
+            raise _TimedOut from None
+        raise  # the action's own TimeoutError: an ordinary failure
+
+
+async def _call_sync(
+    func: Any, parameters: dict[str, Any], seconds: float, executor: concurrent.futures.Executor | None
+) -> Any:
+    loop = asyncio.get_running_loop()
+    # Like asyncio.to_thread: the action sees the caller's context variables (e.g. log context).
+    call = functools.partial(contextvars.copy_context().run, functools.partial(func, **parameters))
+    future = loop.run_in_executor(executor, call)
+    try:
+        done, _ = await asyncio.wait({future}, timeout=seconds)
+    finally:
+        if not future.done():
+            # A thread cannot be killed: an overrunning (or abandoned) sync action keeps running
+            # in the background and occupies its pool thread until it returns. Cancelling the
+            # asyncio wrapper only makes its eventual result (or exception) be dropped silently.
+            future.cancel()
+    if not done:
+        raise _TimedOut
+    return future.result()
+
+
+def _json_data(value: Any) -> Any:
+    """The value as it will be stored (JSON types only); its repr when it is not JSON."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+async def run_python(
+    definition: ActionDefinition,
+    parameters: dict[str, Any],
+    *,
+    timeout: float,  # noqa: ASYNC109 - a timed-out run is a result, not an exception
+    executor: concurrent.futures.ThreadPoolExecutor | None = None,
+) -> ActionResult:
+    """Call the action's function with the parameters as keyword arguments. Never raises
+    except ``asyncio.CancelledError``; ``executor=None`` means the loop's default pool."""
+    started = time.monotonic()
+    func = definition.func
+    if func is None:
+        return ActionResult(
+            succeeded=False, exit_code=None, duration=0.0, error="action has no Python code on this worker"
+        )
+    is_async = inspect.iscoroutinefunction(func) or bool(definition.metadata.get("async"))
+    try:
+        if is_async:
+            value = await _call_async(func, parameters, timeout)
+        else:
+            value = await _call_sync(func, parameters, timeout, executor)
+    except _TimedOut:
+        return ActionResult(
+            succeeded=False,
+            exit_code=None,
+            duration=time.monotonic() - started,
+            error=f"timed out after {timeout:g}s",
+            timed_out=True,
+        )
+    except (Exception, SystemExit) as e:  # SystemExit: an action calling sys.exit() must not stop the worker
+        return ActionResult(
+            succeeded=False,
+            exit_code=1,
+            duration=time.monotonic() - started,
+            stderr="".join(traceback.format_exception(e)),
+            error=f"{type(e).__name__}: {e}",
+        )
+    return ActionResult(
+        succeeded=True, exit_code=0, duration=time.monotonic() - started, data=_json_data(value)
+    )
