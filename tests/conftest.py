@@ -1,0 +1,110 @@
+"""Test databases: each test gets its own database cloned from a migrated template.
+
+PostgreSQL is found at TEST_DATABASE_URL, else on 127.0.0.1:5432, else the embedded
+server is started, so the suite runs on a machine with no database installed. A
+missing service skips locally but fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor.app import prepare_database
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SCHEMA = "conveyor"
+
+
+def _with_database(url: str, database: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=database)
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing service fails the run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A URL (to its maintenance database) of a PostgreSQL server tests may create databases on."""
+    explicit = os.environ.get("TEST_DATABASE_URL")
+    if explicit:
+        if not _reachable(explicit):
+            _unavailable(f"TEST_DATABASE_URL {explicit} is not reachable")
+        yield explicit
+        return
+    local = "postgresql://postgres@127.0.0.1:5432/postgres"
+    if _reachable(local):
+        yield local
+        return
+    from conveyor.config import Settings
+    from conveyor.embedded import running_server
+
+    settings = Settings()
+    settings.embedded.data_dir = Path(tempfile.mkdtemp(prefix="conveyor-test-pg-")) / "pgdata"
+    try:
+        with running_server(settings) as url:
+            yield url
+    except Exception as exc:  # no server at all: skip, or fail in CI
+        _unavailable(f"no PostgreSQL: nothing at 127.0.0.1:5432 and the embedded one failed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_url: str) -> Iterator[str]:
+    name = f"conveyor_tpl_{os.getpid()}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    prepare_database(_with_database(pg_server_url, name), SCHEMA)
+    yield name
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_db)))
+    yield _with_database(pg_server_url, name)
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_db_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"conveyor_e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield _with_database(pg_server_url, name)
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection[dict[str, object]]]:
+    """An autocommit connection to the test database with the schema on the search path."""
+    from conveyor.store.db import connect_sync
+
+    with connect_sync(db_url, SCHEMA, autocommit=True) as c:
+        yield c
