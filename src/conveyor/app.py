@@ -62,8 +62,7 @@ def _signals(stop: asyncio.Event, fast: asyncio.Event) -> Iterator[None]:
 
     def on_signal(signum: int) -> None:
         if not stop.is_set():
-            log.info("shutting down gracefully; send the signal again to exit fast",
-                     signal=signal.Signals(signum).name)
+            log.info("shutting down gracefully; send the signal again to exit fast", signal=signal.Signals(signum).name)
             stop.set()
         else:
             log.warning("fast shutdown", signal=signal.Signals(signum).name)
@@ -78,8 +77,15 @@ def _signals(stop: asyncio.Event, fast: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-async def serve(settings: Settings, url: str, *, run_executor: bool, run_worker: bool,
-                imports: Sequence[str] = (), on_ready: Callable[[str | None], None] | None = None) -> None:
+async def serve(
+    settings: Settings,
+    url: str,
+    *,
+    run_executor: bool,
+    run_worker: bool,
+    imports: Sequence[str] = (),
+    on_ready: Callable[[str | None], None] | None = None,
+) -> None:
     schema = settings.database.schema_name
     actions = load_actions([*settings.worker.imports, *imports]) if run_worker else []
     try:

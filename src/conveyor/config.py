@@ -32,8 +32,9 @@ class _Section(BaseModel):
 
 class DatabaseSettings(_Section):
     url: str | None = Field(None, description="PostgreSQL URL; unset = the embedded PostgreSQL")
-    schema_name: str = Field("conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$",
-                             description="schema holding every Conveyor object")
+    schema_name: str = Field(
+        "conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$", description="schema holding every Conveyor object"
+    )
     pool_size: int = Field(10, ge=2, description="connections per process")
 
 
@@ -44,14 +45,16 @@ class ExecutorSettings(_Section):
     batch_size: int = Field(100, ge=1, le=10_000, description="executions claimed per statement")
     claim_timeout: float = Field(30, gt=0, description="a claim left in scheduling is reclaimed after this")
     no_worker_grace: float = Field(
-        0, ge=0, description="seconds to wait for a capable worker before failing 'no workers available'")
+        0, ge=0, description="seconds to wait for a capable worker before failing 'no workers available'"
+    )
 
 
 class WorkerSettings(_Section):
     name: str | None = Field(None, description="unique worker name; default host-pid")
     heartbeat_interval: float = Field(10, gt=0, description="seconds between heartbeats")
     heartbeat_staleness_multiplier: float = Field(
-        3, ge=1, description="a worker is stale after heartbeat_interval x this")
+        3, ge=1, description="a worker is stale after heartbeat_interval x this"
+    )
     max_concurrent_tasks: int = Field(10, ge=1, description="executions run at once")
     shutdown_timeout: float = Field(30, ge=0, description="seconds SIGTERM waits for running work")
     poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
@@ -85,7 +88,7 @@ class Settings(BaseSettings):
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)  # type: ignore[arg-type]
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)  # type: ignore[arg-type]
-    log: LogSettings = Field(default_factory=LogSettings)
+    log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
 
     @classmethod
     def settings_customise_sources(
@@ -142,9 +145,7 @@ def load_settings(config_file: str | Path | None = None) -> LoadedSettings:
     try:
         settings = Settings(**file_data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConveyorError(f"invalid configuration: {problems}") from None
 
     sources: dict[str, str] = {}

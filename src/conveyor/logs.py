@@ -11,7 +11,8 @@ import structlog
 def configure(level: str = "info", json_output: bool = False) -> None:
     numeric = logging.getLevelNamesMapping()[level.upper()]
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json_output
+        structlog.processors.JSONRenderer()
+        if json_output
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(

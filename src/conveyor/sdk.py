@@ -38,8 +38,10 @@ _UNKNOWN_ACTION, _INVALID_PARAMETERS = "CVA01", "CVA02"
 
 def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql.SQL("SELECT parameters_schema FROM {}.action WHERE ref = %s").format(
-            sql.Identifier(schema)), (action_ref,))
+        cur.execute(
+            sql.SQL("SELECT parameters_schema FROM {}.action WHERE ref = %s").format(sql.Identifier(schema)),
+            (action_ref,),
+        )
         row = cur.fetchone()
     if row is None:
         raise UnknownActionError(action_ref)
@@ -50,19 +52,27 @@ def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], para
     cls = jsonschema.validators.validator_for(parameters_schema)
     errors = sorted(cls(parameters_schema).iter_errors(parameters), key=lambda e: list(e.path))
     if errors:
-        raise InvalidParametersError(action_ref, [
-            f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors])
+        raise InvalidParametersError(
+            action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
+        )
 
 
-def request_execution(conn: psycopg.Connection[Any], action_ref: str, parameters: dict[str, Any] | None = None,
-                      *, schema: str = "conveyor") -> int:
+def request_execution(
+    conn: psycopg.Connection[Any],
+    action_ref: str,
+    parameters: dict[str, Any] | None = None,
+    *,
+    schema: str = "conveyor",
+) -> int:
     """Create an execution in ``requested`` within ``conn``'s current transaction."""
     params = parameters or {}
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
     try:
         with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(sql.SQL("SELECT {}.request_execution(%s, %s)").format(sql.Identifier(schema)),
-                        (action_ref, Jsonb(params)))
+            cur.execute(
+                sql.SQL("SELECT {}.request_execution(%s, %s)").format(sql.Identifier(schema)),
+                (action_ref, Jsonb(params)),
+            )
             row = cur.fetchone()
     except psycopg.Error as exc:
         raise _translate(exc, action_ref) from None
@@ -70,8 +80,9 @@ def request_execution(conn: psycopg.Connection[Any], action_ref: str, parameters
     return int(row[0])
 
 
-def request_executions(conn: psycopg.Connection[Any], requests: Sequence[tuple[str, dict[str, Any]]],
-                       *, schema: str = "conveyor") -> list[int]:
+def request_executions(
+    conn: psycopg.Connection[Any], requests: Sequence[tuple[str, dict[str, Any]]], *, schema: str = "conveyor"
+) -> list[int]:
     """Batch form of :func:`request_execution`: one statement for all rows."""
     schemas: dict[str, dict[str, Any]] = {}
     for ref, params in requests:
@@ -84,8 +95,9 @@ def request_executions(conn: psycopg.Connection[Any], requests: Sequence[tuple[s
         cur.execute("SELECT current_setting('search_path')")
         saved = cur.fetchone()
         cur.execute("SELECT set_config('search_path', %s, true)", (schema,))
-        cur.execute(Q["request_many"], {"refs": [r for r, _ in requests],
-                                        "parameters": [Jsonb(p) for _, p in requests]})
+        cur.execute(
+            Q["request_many"], {"refs": [r for r, _ in requests], "parameters": [Jsonb(p) for _, p in requests]}
+        )
         ids = [int(r[0]) for r in cur.fetchall()]
         cur.execute("SELECT set_config('search_path', %s, true)", (saved[0] if saved else "",))
         cur.execute("SELECT pg_notify(%s, '')", (f"{schema}.requested",))
@@ -136,10 +148,12 @@ class Client:
             attempts = tuple(Attempt(**r) for r in rows)
         return _execution(row, attempts)
 
-    def list(self, *, status: str | None = None, action: str | None = None, limit: int = 50,
-             before: int | None = None) -> list[Execution]:
-        rows = self.conn.execute(Q["list_executions"], {
-            "status": status, "action": action, "limit": limit, "before": before}).fetchall()
+    def executions(
+        self, *, status: str | None = None, action: str | None = None, limit: int = 50, before: int | None = None
+    ) -> list[Execution]:
+        rows = self.conn.execute(
+            Q["list_executions"], {"status": status, "action": action, "limit": limit, "before": before}
+        ).fetchall()
         return [_execution(r) for r in rows]
 
     def workers(self) -> list[WorkerInfo]:
@@ -165,8 +179,7 @@ class Client:
                     return self.get(execution_id)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise ConveyorError(
-                        f"execution {execution_id} is still {execution.status} after {timeout:g}s")
+                    raise ConveyorError(f"execution {execution_id} is still {execution.status} after {timeout:g}s")
                 wait = 1.0 if remaining is None else min(1.0, remaining)
                 for _ in self.conn.notifies(timeout=wait, stop_after=1):
                     pass

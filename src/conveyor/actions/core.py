@@ -9,10 +9,15 @@ from conveyor.actions.registry import ActionRegistry
 core = ActionRegistry()
 
 
-@core.action("core.echo", parameters={
-    "type": "object", "properties": {"message": {"type": "string", "description": "text to echo"}},
-    "required": ["message"], "additionalProperties": False,
-})
+@core.action(
+    "core.echo",
+    parameters={
+        "type": "object",
+        "properties": {"message": {"type": "string", "description": "text to echo"}},
+        "required": ["message"],
+        "additionalProperties": False,
+    },
+)
 def echo(message: str) -> str:
     """Return the message unchanged."""
     return message
@@ -23,10 +28,15 @@ def noop() -> None:
     """Do nothing, successfully."""
 
 
-@core.action("core.sleep", parameters={
-    "type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}},
-    "required": ["seconds"], "additionalProperties": False,
-})
+@core.action(
+    "core.sleep",
+    parameters={
+        "type": "object",
+        "properties": {"seconds": {"type": "number", "minimum": 0}},
+        "required": ["seconds"],
+        "additionalProperties": False,
+    },
+)
 async def sleep(seconds: float) -> float:
     """Sleep without blocking the worker; returns the seconds slept."""
     await asyncio.sleep(seconds)
@@ -40,7 +50,8 @@ core.subprocess_action(
     parameters={
         "type": "object",
         "properties": {"cmd": {"type": "string", "minLength": 1, "description": "shell command to run"}},
-        "required": ["cmd"], "additionalProperties": False,
+        "required": ["cmd"],
+        "additionalProperties": False,
     },
     stdin="none",
     description="Run a shell command on the worker (explicitly through /bin/sh -c).",

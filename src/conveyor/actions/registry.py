@@ -20,7 +20,12 @@ import jsonschema
 JSONSchema = dict[str, Any]
 _REF = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$")
 _JSON_TYPES: dict[Any, str] = {
-    str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array",
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
 }
 
 
@@ -45,9 +50,14 @@ class ActionDefinition:
     def row(self) -> dict[str, Any]:
         """The ``action`` table row for this definition."""
         return {
-            "ref": self.ref, "pack": self.pack, "name": self.name, "description": self.description,
-            "runner_type": self.runner_type, "runtime": self.runtime,
-            "parameters_schema": self.parameters_schema, "metadata": self.metadata,
+            "ref": self.ref,
+            "pack": self.pack,
+            "name": self.name,
+            "description": self.description,
+            "runner_type": self.runner_type,
+            "runtime": self.runtime,
+            "parameters_schema": self.parameters_schema,
+            "metadata": self.metadata,
         }
 
 
@@ -93,44 +103,77 @@ class ActionRegistry:
         self._actions[definition.ref] = definition
         return definition
 
-    def action(self, ref: str, *, parameters: JSONSchema | None = None, description: str | None = None,
-               timeout: float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def action(
+        self,
+        ref: str,
+        *,
+        parameters: JSONSchema | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a Python callable as action ``ref``. ``parameters`` is a JSON Schema;
         without one it is derived from the signature."""
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
-            metadata: dict[str, Any] = {"async": inspect.iscoroutinefunction(func),
-                                        "entry_point": f"{func.__module__}:{func.__qualname__}"}
+            metadata: dict[str, Any] = {
+                "async": inspect.iscoroutinefunction(func),
+                "entry_point": f"{func.__module__}:{func.__qualname__}",
+            }
             if timeout is not None:
                 metadata["timeout"] = timeout
-            self.add(ActionDefinition(
-                ref=ref, runner_type="python", runtime="python",
-                parameters_schema=parameters if parameters is not None else schema_from_signature(func),
-                description=description if description is not None else (inspect.getdoc(func) or ""),
-                metadata=metadata, func=func,
-            ))
+            self.add(
+                ActionDefinition(
+                    ref=ref,
+                    runner_type="python",
+                    runtime="python",
+                    parameters_schema=parameters if parameters is not None else schema_from_signature(func),
+                    description=description if description is not None else (inspect.getdoc(func) or ""),
+                    metadata=metadata,
+                    func=func,
+                )
+            )
             return func
 
         return register
 
-    def subprocess_action(self, ref: str, *, argv: list[str] | None = None, shell: bool = False,
-                          command_parameter: str | None = None, parameters: JSONSchema | None = None,
-                          output: Literal["text", "json"] = "text", stdin: Literal["json", "none"] = "json",
-                          description: str = "", timeout: float | None = None) -> ActionDefinition:
+    def subprocess_action(
+        self,
+        ref: str,
+        *,
+        argv: list[str] | None = None,
+        shell: bool = False,
+        command_parameter: str | None = None,
+        parameters: JSONSchema | None = None,
+        output: Literal["text", "json"] = "text",
+        stdin: Literal["json", "none"] = "json",
+        description: str = "",
+        timeout: float | None = None,
+    ) -> ActionDefinition:
         """Register a command. ``argv`` runs without a shell; ``shell=True`` runs the string in
         parameter ``command_parameter`` with ``/bin/sh -c``, and only when the action says so."""
         if shell == (argv is not None):
             raise ValueError("give either argv or shell=True with command_parameter")
         if shell and not command_parameter:
             raise ValueError("shell=True needs command_parameter")
-        metadata: dict[str, Any] = {"argv": argv, "shell": shell, "command_parameter": command_parameter,
-                                    "output": output, "stdin": stdin}
+        metadata: dict[str, Any] = {
+            "argv": argv,
+            "shell": shell,
+            "command_parameter": command_parameter,
+            "output": output,
+            "stdin": stdin,
+        }
         if timeout is not None:
             metadata["timeout"] = timeout
-        return self.add(ActionDefinition(
-            ref=ref, runner_type="subprocess", runtime="shell",
-            parameters_schema=parameters or {"type": "object"}, description=description, metadata=metadata,
-        ))
+        return self.add(
+            ActionDefinition(
+                ref=ref,
+                runner_type="subprocess",
+                runtime="shell",
+                parameters_schema=parameters or {"type": "object"},
+                description=description,
+                metadata=metadata,
+            )
+        )
 
     def get(self, ref: str) -> ActionDefinition | None:
         return self._actions.get(ref)

@@ -23,8 +23,9 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("ref", "runner", "runtime", "description")
     for a in rows:
-        table.add_row(a["ref"], a["runner_type"], a["runtime"], a["description"].splitlines()[0]
-                      if a["description"] else "")
+        table.add_row(
+            a["ref"], a["runner_type"], a["runtime"], a["description"].splitlines()[0] if a["description"] else ""
+        )
     console.print(table)
 
 

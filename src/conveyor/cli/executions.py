@@ -14,8 +14,15 @@ from conveyor.domain.status import ExecutionStatus
 
 app = typer.Typer(help="Inspect executions.", no_args_is_help=True)
 
-_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "abandoned": "red",
-          "cancelled": "yellow", "running": "cyan", "scheduled": "blue"}
+_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "timeout": "red",
+    "abandoned": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "scheduled": "blue",
+}
 
 
 def _status(status: str) -> str:
@@ -32,15 +39,16 @@ def list_(
 ) -> None:
     """Newest executions first."""
     with state.client() as client:
-        rows = client.list(status=status.value if status else None, action=action, limit=limit, before=before)
+        rows = client.executions(status=status.value if status else None, action=action, limit=limit, before=before)
     if as_json:
         print_json(rows)
         return
     table = Table("id", "action", "status", "attempt", "worker", "created", "duration")
     for e in rows:
         duration = f"{(e.ended - e.started).total_seconds():.3f}s" if e.started and e.ended else "-"
-        table.add_row(str(e.id), e.action_ref, _status(e.status), str(e.attempt), e.worker_name or "-",
-                      when(e.created), duration)
+        table.add_row(
+            str(e.id), e.action_ref, _status(e.status), str(e.attempt), e.worker_name or "-", when(e.created), duration
+        )
     console.print(table)
 
 
@@ -72,6 +80,13 @@ def show_execution(e: Execution) -> None:
     if e.attempts:
         table = Table("attempt", "worker", "scheduled", "started", "ended", "outcome", "error", title="attempts")
         for a in e.attempts:
-            table.add_row(str(a.attempt), a.worker_name or "-", when(a.scheduled), when(a.started),
-                          when(a.ended), a.outcome or "-", a.error or "")
+            table.add_row(
+                str(a.attempt),
+                a.worker_name or "-",
+                when(a.scheduled),
+                when(a.started),
+                when(a.ended),
+                a.outcome or "-",
+                a.error or "",
+            )
         console.print(table)

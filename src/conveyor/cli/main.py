@@ -23,8 +23,9 @@ app = typer.Typer(
 
 @app.callback()
 def _options(
-    config: Annotated[str | None, typer.Option("--config", "-c", envvar="CONVEYOR_CONFIG",
-                                               help="YAML configuration file.")] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", envvar="CONVEYOR_CONFIG", help="YAML configuration file.")
+    ] = None,
 ) -> None:
     state.config_file = config
 

@@ -37,8 +37,9 @@ def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]
 def run(
     action: Annotated[str, typer.Argument(help="Action ref, e.g. core.echo")],
     parameters: Annotated[list[str] | None, typer.Argument(help="key=value pairs")] = None,
-    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the result; exit 1 unless it succeeded.")]
-    = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Wait for the result; exit 1 unless it succeeded.")
+    ] = False,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
     as_json: bool = JsonOption,
 ) -> None:

@@ -17,8 +17,9 @@ from conveyor.store.migrate import migrate as apply_migrations
 Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Module whose actions to offer.")]
 
 
-def _run(settings: Settings, url: str, *, executor: bool, worker: bool, imports: list[str],
-         banner: bool = False) -> None:
+def _run(
+    settings: Settings, url: str, *, executor: bool, worker: bool, imports: list[str], banner: bool = False
+) -> None:
     configure(settings.log.level, settings.log.json_output)
 
     def ready(worker_name: str | None) -> None:
@@ -26,10 +27,10 @@ def _run(settings: Settings, url: str, *, executor: bool, worker: bool, imports:
             err_console.print(
                 f"[bold green]Conveyor is up[/] (worker {worker_name}). In another terminal:\n"
                 "  conveyor run core.echo message=hello --wait\n"
-                "  conveyor executions list\nPress Ctrl-C to stop.")
+                "  conveyor executions list\nPress Ctrl-C to stop."
+            )
 
-    asyncio.run(serve(settings, url, run_executor=executor, run_worker=worker, imports=imports,
-                      on_ready=ready))
+    asyncio.run(serve(settings, url, run_executor=executor, run_worker=worker, imports=imports, on_ready=ready))
 
 
 def up(imports: Imports = None) -> None:
@@ -50,9 +51,11 @@ def executor() -> None:
     _run(settings, embedded.resolve_url(settings), executor=True, worker=False, imports=[])
 
 
-def worker(name: Annotated[str | None, typer.Option(help="Unique worker name (default host-pid).")] = None,
-           imports: Imports = None,
-           concurrency: Annotated[int | None, typer.Option(help="Executions run at once.")] = None) -> None:
+def worker(
+    name: Annotated[str | None, typer.Option(help="Unique worker name (default host-pid).")] = None,
+    imports: Imports = None,
+    concurrency: Annotated[int | None, typer.Option(help="Executions run at once.")] = None,
+) -> None:
     """Run a worker offering the core pack plus the actions of --import modules."""
     settings = state.loaded.settings
     if name:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 import typer
+from rich.table import Table
 
 from conveyor.cli.context import JsonOption, age, console, print_json, state
 
@@ -21,6 +20,14 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("id", "name", "status", "load", "runtimes", "heartbeat age", "host", "pid")
     for w in rows:
-        table.add_row(str(w.id), w.name, w.status, f"{w.load}/{w.capacity}", ",".join(w.runtimes),
-                      age(w.heartbeat_age), w.host or "-", str(w.pid or "-"))
+        table.add_row(
+            str(w.id),
+            w.name,
+            w.status,
+            f"{w.load}/{w.capacity}",
+            ",".join(w.runtimes),
+            age(w.heartbeat_age),
+            w.host or "-",
+            str(w.pid or "-"),
+        )
     console.print(table)

@@ -36,9 +36,7 @@ class WorkerStatus(StrEnum):
 
 S = ExecutionStatus
 
-TERMINAL: frozenset[ExecutionStatus] = frozenset(
-    {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.ABANDONED}
-)
+TERMINAL: frozenset[ExecutionStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.ABANDONED})
 
 # Back-edges to REQUESTED: a claim handed back (no capacity, stale claim reclaimed),
 # a dispatch lost before start, a worker lost mid-run with a retry allowed.

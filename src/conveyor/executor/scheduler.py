@@ -29,8 +29,16 @@ class RoundResult:
 
 
 class Scheduler:
-    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, *, executor_id: str,
-                 batch_size: int, staleness: float, no_worker_grace: float) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        transport: Transport,
+        *,
+        executor_id: str,
+        batch_size: int,
+        staleness: float,
+        no_worker_grace: float,
+    ) -> None:
         self._pool = pool
         self._transport = transport
         self._executor_id = executor_id
@@ -50,8 +58,9 @@ class Scheduler:
             if limit == 0:
                 return RoundResult(0, 0, 0, 0)
             async with conn.transaction():
-                rows = await (await conn.execute(
-                    Q["claim_requested"], {"limit": limit, "executor": self._executor_id})).fetchall()
+                rows = await (
+                    await conn.execute(Q["claim_requested"], {"limit": limit, "executor": self._executor_id})
+                ).fetchall()
             if not rows:
                 return RoundResult(0, 0, 0, 0)
 
@@ -62,15 +71,13 @@ class Scheduler:
                 if problem:
                     failures[row["id"]] = problem
                 else:
-                    claims.append(Claim(row["id"], row["action_ref"], row["runner_type"], row["runtime"],
-                                        row["age"]))
+                    claims.append(Claim(row["id"], row["action_ref"], row["runner_type"], row["runtime"], row["age"]))
             refs = {c.id: c.action_ref for c in claims}
 
             async with conn.transaction():
                 await conn.execute(Q["lock_assignment"])
                 live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
-                candidates = [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"])
-                              for w in live]
+                candidates = [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]) for w in live]
                 placement = place(claims, candidates)
                 ages = {c.id: c.age for c in claims}
                 release = list(placement.no_capacity)
@@ -82,15 +89,29 @@ class Scheduler:
                 dispatched = []
                 if placement.assigned:
                     ids, worker_ids = zip(*placement.assigned, strict=True)
-                    dispatched = await (await conn.execute(Q["assign"], {
-                        "ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id,
-                    })).fetchall()
+                    dispatched = await (
+                        await conn.execute(
+                            Q["assign"],
+                            {
+                                "ids": list(ids),
+                                "workers": list(worker_ids),
+                                "executor": self._executor_id,
+                            },
+                        )
+                    ).fetchall()
                     await self._transport.publish(conn, Topic.WORKER, worker_ids={r["worker"] for r in dispatched})
                 failed = []
                 if failures:
-                    failed = await (await conn.execute(Q["fail_claims"], {
-                        "ids": list(failures), "errors": list(failures.values()), "executor": self._executor_id,
-                    })).fetchall()
+                    failed = await (
+                        await conn.execute(
+                            Q["fail_claims"],
+                            {
+                                "ids": list(failures),
+                                "errors": list(failures.values()),
+                                "executor": self._executor_id,
+                            },
+                        )
+                    ).fetchall()
                     await self._transport.publish(conn, Topic.COMPLETED, execution_ids=[r["id"] for r in failed])
                 if release:
                     await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
@@ -109,7 +130,8 @@ class Scheduler:
         if not errors:
             return None
         return "invalid parameters: " + "; ".join(
-            f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors)
+            f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors
+        )
 
     async def reclaim_stale(self, older_than: float) -> int:
         async with self._pool.connection() as conn, conn.transaction():

@@ -30,8 +30,12 @@ class ExecutorService:
         self.executor_id = make_executor_id()
         cfg = settings.executor
         self._scheduler = Scheduler(
-            pool, transport, executor_id=self.executor_id, batch_size=cfg.batch_size,
-            staleness=settings.worker.staleness, no_worker_grace=cfg.no_worker_grace,
+            pool,
+            transport,
+            executor_id=self.executor_id,
+            batch_size=cfg.batch_size,
+            staleness=settings.worker.staleness,
+            no_worker_grace=cfg.no_worker_grace,
         )
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.

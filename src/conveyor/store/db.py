@@ -31,22 +31,25 @@ def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
     }
 
 
-async def connect(url: str, schema: str, application_name: str = "conveyor",
-                  autocommit: bool = False) -> psycopg.AsyncConnection[Row]:
+async def connect(
+    url: str, schema: str, application_name: str = "conveyor", autocommit: bool = False
+) -> psycopg.AsyncConnection[Row]:
     return await psycopg.AsyncConnection.connect(
         url, autocommit=autocommit, row_factory=dict_row, **conninfo_kwargs(schema, application_name)
     )
 
 
-def connect_sync(url: str, schema: str, application_name: str = "conveyor",
-                 autocommit: bool = False) -> psycopg.Connection[Row]:
+def connect_sync(
+    url: str, schema: str, application_name: str = "conveyor", autocommit: bool = False
+) -> psycopg.Connection[Row]:
     return psycopg.Connection.connect(
         url, autocommit=autocommit, row_factory=dict_row, **conninfo_kwargs(schema, application_name)
     )
 
 
-def make_pool(url: str, schema: str, application_name: str, max_size: int) -> AsyncConnectionPool[
-        psycopg.AsyncConnection[Row]]:
+def make_pool(
+    url: str, schema: str, application_name: str, max_size: int
+) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
     return AsyncConnectionPool(
         url,
         min_size=1,

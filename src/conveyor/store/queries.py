@@ -27,7 +27,7 @@ def _load() -> dict[str, LiteralString]:
             if name in queries:
                 raise RuntimeError(f"duplicate query name {name!r} in {entry.name}")
             lines = [line for line in body.strip().splitlines() if not line.startswith("--")]
-            queries[name] = cast(LiteralString, "\n".join(lines).strip().rstrip(";"))
+            queries[name] = cast(LiteralString, "\n".join(lines).strip().rstrip(";"))  # type: ignore[redundant-cast]
     return queries
 
 

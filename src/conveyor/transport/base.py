@@ -38,7 +38,7 @@ class Doorbell:
             self.payloads.append(payload)
         self._event.set()
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - a bounded wait is the point
         rung = False
         with suppress(TimeoutError):
             async with asyncio.timeout(timeout):
@@ -56,8 +56,14 @@ class Transport(ABC):
     """Publishing (inside the caller's transaction) and subscribing (doorbells)."""
 
     @abstractmethod
-    async def publish(self, conn: psycopg.AsyncConnection[Any], topic: Topic, *,
-                      worker_ids: Iterable[int] = (), execution_ids: Iterable[int] = ()) -> None: ...
+    async def publish(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        topic: Topic,
+        *,
+        worker_ids: Iterable[int] = (),
+        execution_ids: Iterable[int] = (),
+    ) -> None: ...
 
     @abstractmethod
     def subscribe(self, topic: Topic, worker_id: int | None = None, bell: Doorbell | None = None) -> Doorbell:

@@ -36,8 +36,14 @@ class PostgresTransport(Transport):
             return f"{self._schema}.worker.{worker_id}"
         return f"{self._schema}.{topic.value}"
 
-    async def publish(self, conn: psycopg.AsyncConnection[Any], topic: Topic, *,
-                      worker_ids: Iterable[int] = (), execution_ids: Iterable[int] = ()) -> None:
+    async def publish(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        topic: Topic,
+        *,
+        worker_ids: Iterable[int] = (),
+        execution_ids: Iterable[int] = (),
+    ) -> None:
         if topic is Topic.WORKER:
             channels = [self.channel(topic, w) for w in sorted(set(worker_ids))]
             if channels:

@@ -49,16 +49,18 @@ def default_worker_name() -> str:
 
 
 class WorkerService:
-    def __init__(self, settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport,
-                 actions: list[ActionDefinition]) -> None:
+    def __init__(
+        self, settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport, actions: list[ActionDefinition]
+    ) -> None:
         self.settings = settings
         self.cfg = settings.worker
         self.name = self.cfg.name or default_worker_name()
         self._pool = pool
         self._transport = transport
         self._actions = {a.ref: a for a in actions}
-        self._threads = ThreadPoolExecutor(max_workers=self.cfg.max_concurrent_tasks,
-                                           thread_name_prefix="conveyor-action")
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.cfg.max_concurrent_tasks, thread_name_prefix="conveyor-action"
+        )
         self._running: dict[int, asyncio.Task[None]] = {}
         self._done: asyncio.Queue[Finished] = asyncio.Queue()
         self._bell = Doorbell()
@@ -70,22 +72,32 @@ class WorkerService:
         async with self._pool.connection() as conn, conn.transaction():
             for definition in self._actions.values():
                 await conn.execute(Q["upsert_action"], action_row(definition))
-            found = await (await conn.execute(Q["register_worker"], {
-                "name": self.name,
-                "runtimes": self.cfg.runtimes,
-                "actions": sorted(ref for ref, a in self._actions.items() if a.runner_type == "python"),
-                "capabilities": Jsonb({"max_concurrent_tasks": self.cfg.max_concurrent_tasks}),
-                "capacity": self.cfg.max_concurrent_tasks,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": conveyor.__version__,
-            })).fetchone()
+            found = await (
+                await conn.execute(
+                    Q["register_worker"],
+                    {
+                        "name": self.name,
+                        "runtimes": self.cfg.runtimes,
+                        "actions": sorted(ref for ref, a in self._actions.items() if a.runner_type == "python"),
+                        "capabilities": Jsonb({"max_concurrent_tasks": self.cfg.max_concurrent_tasks}),
+                        "capacity": self.cfg.max_concurrent_tasks,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "version": conveyor.__version__,
+                    },
+                )
+            ).fetchone()
             assert found is not None
             self.worker_id = int(found["id"])
             await self._transport.publish(conn, Topic.CAPACITY)
         self._transport.subscribe(Topic.WORKER, self.worker_id, bell=self._bell)
-        log.info("worker registered", worker=self.name, worker_id=self.worker_id,
-                 actions=len(self._actions), capacity=self.cfg.max_concurrent_tasks)
+        log.info(
+            "worker registered",
+            worker=self.name,
+            worker_id=self.worker_id,
+            actions=len(self._actions),
+            capacity=self.cfg.max_concurrent_tasks,
+        )
         return self.worker_id
 
     async def run(self, stop: asyncio.Event, fast_stop: asyncio.Event) -> None:
@@ -126,8 +138,9 @@ class WorkerService:
 
     async def _claim(self, limit: int) -> int:
         async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(
-                Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})).fetchall()
+            rows = await (
+                await conn.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
+            ).fetchall()
         for row in rows:
             task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
             self._running[row["id"]] = task
@@ -150,12 +163,21 @@ class WorkerService:
         metadata: dict[str, Any] = row["metadata"] or {}
         timeout = float(metadata.get("timeout") or self.cfg.execution_timeout)
         if row["runner_type"] == "subprocess":
-            return await run_subprocess(metadata, row["parameters"], timeout=timeout,
-                                        kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit)
+            return await run_subprocess(
+                metadata,
+                row["parameters"],
+                timeout=timeout,
+                kill_grace=self.cfg.kill_grace,
+                output_limit=self.cfg.output_limit,
+            )
         definition = self._actions.get(row["action_ref"])
         if definition is None:
-            return ActionResult(succeeded=False, exit_code=None, duration=0.0,
-                                error=f"action {row['action_ref']} has no code on worker {self.name}")
+            return ActionResult(
+                succeeded=False,
+                exit_code=None,
+                duration=0.0,
+                error=f"action {row['action_ref']} has no code on worker {self.name}",
+            )
         return await run_python(definition, row["parameters"], timeout=timeout, executor=self._threads)
 
     # -- results ------------------------------------------------------------------
@@ -174,14 +196,19 @@ class WorkerService:
         while True:
             try:
                 async with self._pool.connection() as conn, conn.transaction():
-                    rows = await (await conn.execute(Q["finish"], {
-                        "worker": self.worker_id,
-                        "ids": [f.execution_id for f in batch],
-                        "attempts": [f.attempt for f in batch],
-                        "statuses": [f.status for f in batch],
-                        "results": [Jsonb(f.result) for f in batch],
-                        "errors": [f.error for f in batch],
-                    })).fetchall()
+                    rows = await (
+                        await conn.execute(
+                            Q["finish"],
+                            {
+                                "worker": self.worker_id,
+                                "ids": [f.execution_id for f in batch],
+                                "attempts": [f.attempt for f in batch],
+                                "statuses": [f.status for f in batch],
+                                "results": [Jsonb(f.result) for f in batch],
+                                "errors": [f.error for f in batch],
+                            },
+                        )
+                    ).fetchall()
                     written = {r["id"] for r in rows}
                     await self._transport.publish(conn, Topic.COMPLETED, execution_ids=sorted(written))
                     await self._transport.publish(conn, Topic.CAPACITY)
@@ -194,8 +221,12 @@ class WorkerService:
                 delay = min(delay * 2, 5.0)
         for f in batch:
             if f.execution_id not in written:
-                log.warning("late result refused: the execution moved on without this attempt",
-                            execution_id=f.execution_id, attempt=f.attempt, worker=self.name)
+                log.warning(
+                    "late result refused: the execution moved on without this attempt",
+                    execution_id=f.execution_id,
+                    attempt=f.attempt,
+                    worker=self.name,
+                )
 
     # -- liveness and shutdown ------------------------------------------------------
 
@@ -219,16 +250,14 @@ class WorkerService:
         if back:
             log.info("handed back scheduled executions", count=len(back))
         if self._running:
-            log.info("waiting for running executions", count=len(self._running),
-                     timeout=self.cfg.shutdown_timeout)
+            log.info("waiting for running executions", count=len(self._running), timeout=self.cfg.shutdown_timeout)
         deadline = asyncio.get_running_loop().time() + self.cfg.shutdown_timeout
         while self._running and not fast_stop.is_set():
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
             fast = asyncio.ensure_future(fast_stop.wait())
-            await asyncio.wait([*self._running.values(), fast], timeout=remaining,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*self._running.values(), fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             fast.cancel()
         leftover = [t for t in self._running.values() if not t.done()]
         for task in leftover:

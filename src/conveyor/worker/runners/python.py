@@ -95,6 +95,4 @@ async def run_python(
             stderr="".join(traceback.format_exception(e)),
             error=f"{type(e).__name__}: {e}",
         )
-    return ActionResult(
-        succeeded=True, exit_code=0, duration=time.monotonic() - started, data=_json_data(value)
-    )
+    return ActionResult(succeeded=True, exit_code=0, duration=time.monotonic() - started, data=_json_data(value))
