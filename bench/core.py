@@ -104,7 +104,9 @@ def pct(values: list[float], p: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres"))
+    parser.add_argument(
+        "--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
+    )
     parser.add_argument("--n", type=int, default=20_000, help="executions in the throughput run")
     parser.add_argument("--enqueue-batch", type=int, default=5_000, help="rows per enqueue statement")
     parser.add_argument("--batch-size", type=int, default=500, help="executor.batch_size")
@@ -144,12 +146,18 @@ def main() -> None:
     print("Conveyor core benchmark")
     print(f"  machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("  postgres: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    print(f"  processes: 1 executor + 1 worker, transport postgres, executor.batch_size={args.batch_size}, "
-          f"worker.max_concurrent_tasks={args.concurrency}")
-    print(f"throughput: {args.n} core.noop enqueued in batches of {args.enqueue_batch}: {tput:,.0f} executions/s "
-          "(enqueue commit -> last ended, database clock)")
-    print(f"latency: {len(lat)} core.noop at {args.rate:g}/s for {args.seconds:g}s, requested -> started: "
-          f"p50 {pct(lat, 50):.2f} ms, p95 {pct(lat, 95):.2f} ms, p99 {pct(lat, 99):.2f} ms, max {lat[-1]:.2f} ms")
+    print(
+        f"  processes: 1 executor + 1 worker, transport postgres, executor.batch_size={args.batch_size}, "
+        f"worker.max_concurrent_tasks={args.concurrency}"
+    )
+    print(
+        f"throughput: {args.n} core.noop enqueued in batches of {args.enqueue_batch}: {tput:,.0f} executions/s "
+        "(enqueue commit -> last ended, database clock)"
+    )
+    print(
+        f"latency: {len(lat)} core.noop at {args.rate:g}/s for {args.seconds:g}s, requested -> started: "
+        f"p50 {pct(lat, 50):.2f} ms, p95 {pct(lat, 95):.2f} ms, p99 {pct(lat, 99):.2f} ms, max {lat[-1]:.2f} ms"
+    )
     print(f"  logs: {logdir}")
 
 

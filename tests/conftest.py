@@ -83,8 +83,9 @@ def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test alone."""
     name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db))
+        )
     yield _with_database(pg_server_url, name)
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
