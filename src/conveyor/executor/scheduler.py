@@ -58,6 +58,7 @@ class Scheduler:
             if limit == 0:
                 return RoundResult(0, 0, 0, 0)
             async with conn.transaction():
+                await conn.execute(Q["relaxed_commit"])
                 rows = await (
                     await conn.execute(Q["claim_requested"], {"limit": limit, "executor": self._executor_id})
                 ).fetchall()
@@ -75,6 +76,7 @@ class Scheduler:
             refs = {c.id: c.action_ref for c in claims}
 
             async with conn.transaction():
+                await conn.execute(Q["relaxed_commit"])
                 await conn.execute(Q["lock_assignment"])
                 live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
                 candidates = [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]) for w in live]
@@ -113,6 +115,9 @@ class Scheduler:
                         )
                     ).fetchall()
                     await self._transport.publish(conn, Topic.COMPLETED, execution_ids=[r["id"] for r in failed])
+                if failed:
+                    # A failure is reported to waiters: it must not be undone by a crash.
+                    await conn.execute(Q["durable_commit"])
                 if release:
                     await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
         for eid, error in failures.items():

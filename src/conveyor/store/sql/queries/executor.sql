@@ -16,6 +16,17 @@ RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
           a.parameters_schema, a.updated AS action_updated,
           extract(epoch FROM now() - e.created)::float8 AS age;
 
+-- name: relaxed_commit
+-- The executor's claim and dispatch commits need not wait for the WAL flush: if
+-- the server crashes before the flush they are undone (the execution is simply
+-- requested again), and the only thing that acts on them, a worker's claim, is a
+-- durable commit whose flush includes theirs (WAL is flushed in order).
+SET LOCAL synchronous_commit = off;
+
+-- name: durable_commit
+-- Back to a flushed commit for a transaction whose outcome someone is told about.
+SET LOCAL synchronous_commit = on;
+
 -- name: lock_assignment
 -- Serialize placement across executor replicas so two of them cannot both fill
 -- the last free slot of a worker. Held for one short transaction.
