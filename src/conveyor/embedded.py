@@ -5,6 +5,7 @@ on exit); other commands of the same user find it through its ``postmaster.pid``
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,13 @@ def _quiet_import() -> Iterator[None]:
 
 def data_dir(settings: Settings) -> Path:
     configured = settings.embedded.data_dir
-    return configured if configured else Path(platformdirs.user_data_dir("conveyor")) / "pgdata"
+    if configured:
+        return configured
+    if os.geteuid() == 0:
+        # As root, pgserver runs postgres as an unprivileged user and opens every parent
+        # of the data dir to it: keep that away from /root.
+        return Path("/var/lib/conveyor/pgdata")
+    return Path(platformdirs.user_data_dir("conveyor")) / "pgdata"
 
 
 @contextlib.contextmanager

@@ -60,7 +60,10 @@ class Scheduler:
             async with conn.transaction():
                 await conn.execute(Q["relaxed_commit"])
                 rows = await (
-                    await conn.execute(Q["claim_requested"], {"limit": limit, "executor": self._executor_id})
+                    await conn.execute(
+                        Q["claim_requested"],
+                        {"limit": limit, "executor": self._executor_id, "min_age": 0 if workers else self._grace},
+                    )
                 ).fetchall()
             if not rows:
                 return RoundResult(0, 0, 0, 0)

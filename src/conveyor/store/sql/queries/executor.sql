@@ -1,9 +1,12 @@
 -- name: claim_requested
 -- Claim a batch of requested executions for this executor (requested -> scheduling),
 -- oldest first, skipping rows another replica holds. Returns what placement needs.
+-- min_age > 0 when no worker is live: only executions past the no-worker grace are
+-- worth claiming then (to fail them); the rest would only be handed back.
 WITH picked AS (
     SELECT id FROM execution
     WHERE status = 'requested'
+      AND created <= now() - make_interval(secs => %(min_age)s)
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,243 @@
+"""Helpers for acceptance tests: start real ``conveyor`` processes, run CLI commands,
+and poll with a deadline (never a fixed sleep) until something becomes true."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+CONVEYOR = [sys.executable, "-m", "conveyor"]
+
+# Short intervals so that the suite is quick; every wait below still polls with a deadline.
+FAST_SETTINGS = {
+    "CONVEYOR__WORKER__HEARTBEAT_INTERVAL": "1",
+    "CONVEYOR__WORKER__POLL_INTERVAL": "0.2",
+    "CONVEYOR__EXECUTOR__POLL_INTERVAL": "0.2",
+    "CONVEYOR__WORKER__SHUTDOWN_TIMEOUT": "5",
+    "CONVEYOR__WORKER__KILL_GRACE": "2",
+}
+
+T = TypeVar("T")
+
+_LOG_TAIL = 20_000
+
+
+def conveyor_env(database_url: str | None, **overrides: object) -> dict[str, str]:
+    """The environment of a conveyor process: ours minus any inherited Conveyor settings,
+    plus the fast settings, ``DATABASE_URL`` (unless None) and ``overrides``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR") and k != "DATABASE_URL"}
+    env.update(FAST_SETTINGS)
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+def eventually(
+    fn: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, message: str | Callable[[], str] = ""
+) -> T:
+    """Call ``fn`` until it returns something truthy and return that; after ``timeout``
+    seconds raise AssertionError with the last value (or the last exception ``fn`` raised)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except Exception as exc:  # keep polling; reported if it never succeeds
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            detail = message() if callable(message) else message
+            raise AssertionError(
+                f"not true after {timeout:g}s; last value: {last!r}" + (f"\n{detail}" if detail else "")
+            )
+        time.sleep(interval)
+
+
+def stays(fn: Callable[[], bool], duration: float, interval: float = 0.1, message: str = "") -> None:
+    """Assert ``fn`` is true on every check during ``duration`` seconds (a negative
+    assertion: nothing may happen for a while)."""
+    deadline = time.monotonic() + duration
+    while True:
+        assert fn(), message or "condition stopped holding"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str], timeout: float = 60.0, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``conveyor`` command to completion and capture its output."""
+    return subprocess.run(
+        [*CONVEYOR, *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def describe(result: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"$ conveyor {' '.join(result.args[len(CONVEYOR) :])}\nexit code {result.returncode}\n"
+        f"--- stdout ---\n{result.stdout[-_LOG_TAIL:]}\n--- stderr ---\n{result.stderr[-_LOG_TAIL:]}"
+    )
+
+
+def cli_json(*args: str, env: Mapping[str, str], timeout: float = 60.0) -> Any:
+    """Run a command that prints JSON (``--json`` is added), assert it succeeded, parse it."""
+    result = run_cli(*args, "--json", env=env, timeout=timeout)
+    assert result.returncode == 0, describe(result)
+    return json.loads(result.stdout)
+
+
+class Proc:
+    """A long-running ``conveyor`` process with its stdout and stderr in files."""
+
+    def __init__(
+        self, args: list[str], env: Mapping[str, str], log_dir: Path, name: str, cwd: str | Path | None = None
+    ) -> None:
+        self.args = args
+        self.name = name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = log_dir / f"{name}.stdout"
+        self.stderr_path = log_dir / f"{name}.stderr"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.popen = subprocess.Popen(
+                [*CONVEYOR, *args],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                cwd=cwd,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def logs(self) -> str:
+        state = "running" if self.returncode is None else f"exited {self.returncode}"
+        return (
+            f"=== {self.name} (pid {self.pid}, {state}): conveyor {' '.join(self.args)}\n"
+            f"--- stdout ---\n{self.stdout()[-_LOG_TAIL:]}\n--- stderr ---\n{self.stderr()[-_LOG_TAIL:]}"
+        )
+
+    def wait_for_log(self, text: str, timeout: float = 20.0) -> None:
+        """Wait until ``text`` appears in stdout or stderr; fail at once if the process exits."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if text in self.stderr() or text in self.stdout():
+                return
+            if self.returncode is not None:
+                raise AssertionError(f"{self.name} exited before logging {text!r}\n{self.logs()}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{self.name} did not log {text!r} within {timeout:g}s\n{self.logs()}")
+            time.sleep(0.05)
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.popen.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; AssertionError (with the logs) if still running after ``timeout``."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout:g}s\n{self.logs()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything in its process group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+
+class Procs:
+    """Every process a test started: killed at teardown, their logs printed (pytest shows
+    output captured during teardown when the test failed)."""
+
+    def __init__(self, log_dir: Path, env: Mapping[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = dict(env)
+        self.started: list[Proc] = []
+
+    def start(
+        self, *args: str, name: str | None = None, env: Mapping[str, str] | None = None, cwd: str | Path | None = None
+    ) -> Proc:
+        label = name or f"{len(self.started):02d}-{args[0]}"
+        proc = Proc(list(args), env if env is not None else self.env, self.log_dir, label, cwd=cwd)
+        self.started.append(proc)
+        return proc
+
+    def run(
+        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env=env if env is not None else self.env, timeout=timeout)
+
+    def json(self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0) -> Any:
+        return cli_json(*args, env=env if env is not None else self.env, timeout=timeout)
+
+    def logs(self) -> str:
+        return "\n".join(p.logs() for p in self.started)
+
+    def close(self) -> None:
+        for proc in self.started:
+            proc.kill()
+        if self.started:
+            print(self.logs())
+
+
+def processes_with_argv(argv: list[str]) -> list[int]:
+    """Pids of live processes whose command line is exactly ``argv`` (like ``pgrep -fx``)."""
+    wanted = ("\0".join(argv) + "\0").encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes() == wanted:
+                found.append(int(entry.name))
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers signal 0; it is not running any more.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True

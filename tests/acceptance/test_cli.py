@@ -1,0 +1,369 @@
+"""Acceptance: the ``conveyor`` command line used as a user would, against real processes
+(``up``, ``executor``, ``worker``) and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acceptance.helpers import (
+    Procs,
+    conveyor_env,
+    describe,
+    eventually,
+    pid_alive,
+    processes_with_argv,
+    stays,
+)
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(db_url: str) -> dict[str, str]:
+    return conveyor_env(db_url)
+
+
+@pytest.fixture
+def procs(tmp_path: Path, env: dict[str, str]) -> Iterator[Procs]:
+    group = Procs(tmp_path / "logs", env)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def _execution(procs: Procs, execution_id: int) -> dict[str, Any]:
+    return procs.json("executions", "get", str(execution_id))  # type: ignore[no-any-return]
+
+
+def _request(procs: Procs, *args: str) -> int:
+    """``conveyor run ... `` without --wait: prints the id alone."""
+    result = procs.run("run", *args)
+    assert result.returncode == 0, describe(result)
+    assert re.fullmatch(r"\d+\n", result.stdout), describe(result)
+    return int(result.stdout)
+
+
+def _terminal(procs: Procs, execution_id: int, timeout: float = 20) -> dict[str, Any]:
+    terminal = {"completed", "failed", "timeout", "cancelled", "abandoned"}
+
+    def done() -> dict[str, Any] | None:
+        e = _execution(procs, execution_id)
+        return e if e["status"] in terminal else None
+
+    return eventually(done, timeout, interval=0.1, message=procs.logs)
+
+
+# -- 1. the happy path with `conveyor up` ---------------------------------------------------
+
+
+def test_up_run_inspect_and_stop(procs: Procs) -> None:
+    up = procs.start("up", name="up")
+    up.wait_for_log("Conveyor is up")
+    worker_name = f"{socket.gethostname()}-{up.pid}"
+
+    waited = procs.run("run", "core.echo", "message=hello", "--wait")
+    assert waited.returncode == 0, describe(waited)
+    assert "completed" in waited.stdout
+    assert "hello" in waited.stdout
+
+    execution_id = _request(procs, "core.echo", "message=hi")
+    execution = _terminal(procs, execution_id)
+    assert execution["status"] == "completed"
+    assert execution["result"]["data"] == "hi"
+    assert execution["worker_name"] == worker_name
+    assert [(a["attempt"], a["worker_name"], a["outcome"]) for a in execution["attempts"]] == [
+        (1, worker_name, "completed")
+    ]
+
+    listed = procs.json("executions", "list", "--status", "completed")
+    assert {e["status"] for e in listed} == {"completed"}
+    assert execution_id in {e["id"] for e in listed}
+    assert len(listed) == 2
+
+    workers = procs.json("workers", "list")
+    assert [(w["name"], w["status"], w["pid"]) for w in workers] == [(worker_name, "active", up.pid)]
+    assert isinstance(workers[0]["heartbeat_age"], float)
+    assert 0 <= workers[0]["heartbeat_age"] < 5
+
+    up.signal(signal.SIGTERM)
+    assert up.wait(10) == 0, up.logs()
+    workers = procs.json("workers", "list")
+    assert [(w["name"], w["status"]) for w in workers] == [(worker_name, "inactive")]
+
+
+# -- 2. a worker that starts after the request ------------------------------------------
+
+
+def test_worker_started_after_the_request(procs: Procs, env: dict[str, str]) -> None:
+    executor = procs.start("executor", name="executor", env={**env, "CONVEYOR__EXECUTOR__NO_WORKER_GRACE": "60"})
+    executor.wait_for_log("executor started")
+
+    execution_id = _request(procs, "core.echo", "message=late")
+
+    def waiting() -> bool:
+        e = _execution(procs, execution_id)
+        # "scheduling" is the executor's short-lived claim of a round: it is handed back.
+        return e["status"] in ("requested", "scheduling") and e["worker"] is None
+
+    stays(waiting, duration=1.5, message="the execution must wait for a worker (no_worker_grace=60)")
+
+    procs.start("worker", "--name", "late", name="worker-late")
+    execution = _terminal(procs, execution_id)
+    assert execution["status"] == "completed", execution
+    assert execution["worker_name"] == "late"
+    assert execution["result"]["data"] == "late"
+
+
+# -- 3. two workers share the load ----------------------------------------------------------
+
+
+def test_two_workers_share_load(procs: Procs, env: dict[str, str], db_url: str) -> None:
+    from conveyor.sdk import request_executions
+    from conveyor.store.db import connect_sync
+
+    procs.start("executor", name="executor").wait_for_log("executor started")
+    worker_env = {**env, "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": "2"}
+    for name in ("w1", "w2"):
+        procs.start("worker", "--name", name, name=name, env=worker_env).wait_for_log("worker registered")
+
+    # One batch, so that the placement (not the timing of 8 CLI processes) decides.
+    with connect_sync(db_url, "conveyor") as conn:
+        ids = request_executions(conn, [("core.sleep", {"seconds": 0.5})] * 8)
+
+    def all_completed() -> list[dict[str, Any]] | None:
+        rows = procs.json("executions", "list", "--action", "core.sleep")
+        return rows if len(rows) == 8 and all(r["status"] == "completed" for r in rows) else None
+
+    rows = eventually(all_completed, timeout=30, interval=0.2, message=procs.logs)
+    assert {r["id"] for r in rows} == set(ids)
+    by_worker: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_worker.setdefault(r["worker_name"], []).append(r)
+    assert set(by_worker) == {"w1", "w2"}, {w: len(rs) for w, rs in by_worker.items()}
+    # Neither worker ever ran more than its max_concurrent_tasks at once.
+    for name, runs in by_worker.items():
+        spans = [(datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["ended"])) for r in runs]
+        for start, _ in spans:
+            at_once = [s for s in spans if s[0] <= start < s[1]]
+            assert len(at_once) <= 2, (name, at_once)
+
+
+# -- 4. a subprocess action that times out ------------------------------------------------
+
+
+def test_subprocess_action_timeout_kills_the_child(procs: Procs, env: dict[str, str], tmp_path: Path) -> None:
+    # A unique argv, so that the check for a leftover process cannot see someone else's sleep.
+    argv = ["sleep", f"31.{random.randrange(10**8):08d}"]
+    (tmp_path / "slowmod.py").write_text(
+        "from conveyor import subprocess_action\n\n"
+        f"subprocess_action('test.slow', argv={argv!r}, stdin='none', timeout=1)\n"
+    )
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))}
+    procs.start("up", "--import", "slowmod", name="up", env=env).wait_for_log("Conveyor is up")
+
+    # Seen while it runs: proves the check for leftovers below can see the process at all.
+    execution_id = _request(procs, "test.slow")
+    eventually(lambda: processes_with_argv(argv), timeout=10, message=procs.logs)
+    execution = _terminal(procs, execution_id)
+    assert execution["status"] == "timeout", execution
+    assert "timed out" in execution["result"]["error"]
+    assert processes_with_argv(argv) == [], "the timed-out child is still running"
+
+    waited = procs.run("run", "test.slow", "--wait")
+    assert waited.returncode != 0, describe(waited)
+    assert "timeout" in waited.stdout
+    assert processes_with_argv(argv) == [], "the timed-out child is still running"
+
+
+# -- 5. a crashing subprocess ------------------------------------------------------------------
+
+
+def test_crashing_subprocess_fails_and_worker_survives(procs: Procs) -> None:
+    up = procs.start("up", name="up")
+    up.wait_for_log("Conveyor is up")
+
+    waited = procs.run("run", "core.local", "cmd=echo boom >&2; kill -SEGV $$", "--wait", "--json")
+    assert waited.returncode != 0, describe(waited)
+    execution = json.loads(waited.stdout)
+    assert execution["status"] == "failed"
+    result = execution["result"]
+    assert result["stderr"] == "boom\n"
+    assert result["exit_code"] == -signal.SIGSEGV
+    assert result["error"] == f"killed by signal {int(signal.SIGSEGV)}"
+    assert execution["attempts"][0]["outcome"] == "failed"
+
+    assert up.returncode is None, up.logs()
+    after = procs.run("run", "core.echo", "message=still-here", "--wait")
+    assert after.returncode == 0, describe(after)
+    assert "still-here" in after.stdout
+
+
+# -- 6. output beyond the limit ----------------------------------------------------------------
+
+
+def test_oversized_output_is_truncated(procs: Procs, env: dict[str, str]) -> None:
+    limit = 1024 * 1024
+    procs.start("up", name="up", env={**env, "CONVEYOR__WORKER__OUTPUT_LIMIT": str(limit)}).wait_for_log(
+        "Conveyor is up"
+    )
+
+    waited = procs.run("run", "core.local", "cmd=head -c 12582912 /dev/zero | tr '\\0' x", "--wait", "--json")
+    assert waited.returncode == 0, describe(waited)
+    execution = json.loads(waited.stdout)
+    assert execution["status"] == "completed"
+    result = execution["result"]
+    assert result["stdout_truncated"] is True
+    assert result["stderr_truncated"] is False
+    assert 0 < len(result["stdout"].encode()) <= limit
+    assert set(result["stdout"]) == {"x"}
+
+
+# -- 7. invalid requests -------------------------------------------------------------------
+
+
+def test_invalid_parameters_and_unknown_action(procs: Procs) -> None:
+    bad = procs.run("run", "core.sleep", "seconds=abc")
+    assert bad.returncode == 1, describe(bad)
+    assert "seconds" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert bad.stdout == ""
+
+    unknown = procs.run("run", "core.nope")
+    assert unknown.returncode == 1, describe(unknown)
+    assert "unknown action" in unknown.stderr
+    assert "core.nope" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+    assert procs.json("executions", "list") == []
+
+
+# -- 8. no worker at all ---------------------------------------------------------------------
+
+
+def test_no_workers_fails_the_execution(procs: Procs) -> None:
+    procs.start("executor", name="executor").wait_for_log("executor started")
+
+    waited = procs.run("run", "core.echo", "message=x", "--wait", "--json", timeout=30)
+    assert waited.returncode != 0, describe(waited)
+    execution = json.loads(waited.stdout)
+    assert execution["status"] == "failed"
+    assert "no workers available" in execution["result"]["error"]
+    assert execution["worker"] is None
+
+
+# -- 9. the embedded PostgreSQL ----------------------------------------------------------------
+
+
+def _postmaster_pid(data_dir: Path) -> int | None:
+    try:
+        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+    except FileNotFoundError:
+        return None
+    return int(first) if first.strip().isdigit() else None
+
+
+def _server_gone(data_dir: Path) -> bool:
+    pid = _postmaster_pid(data_dir)
+    return pid is None or not pid_alive(pid)
+
+
+def test_up_with_embedded_postgres(procs: Procs) -> None:
+    # Not under pytest's tmp_path: its parents are 0700, and as root the server runs as
+    # the OS user `pgserver`, which must be able to reach its data directory.
+    base = Path(tempfile.mkdtemp(prefix="conveyor-acc-embedded-", dir="/tmp"))
+    base.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    data_dir = base / "pgdata"
+    env = conveyor_env(None, CONVEYOR__EMBEDDED__DATA_DIR=data_dir)
+    try:
+        up = procs.start("up", name="up-embedded-1", env=env)
+        up.wait_for_log("Conveyor is up", timeout=60)
+        assert _postmaster_pid(data_dir) is not None
+
+        waited = procs.run("run", "core.echo", "message=embedded", "--wait", env=env)
+        assert waited.returncode == 0, describe(waited)
+        assert "embedded" in waited.stdout
+        assert waited.stderr == "", "nothing but the result for the user"
+        first = procs.json("executions", "list", env=env)
+        assert [(e["action_ref"], e["status"], e["parameters"]) for e in first] == [
+            ("core.echo", "completed", {"message": "embedded"})
+        ]
+
+        up.signal(signal.SIGTERM)
+        assert up.wait(30) == 0, up.logs()
+        eventually(lambda: _server_gone(data_dir), timeout=15, message=up.logs)
+
+        # Commands other than `up` do not start the server: they say how to get one.
+        offline = procs.run("executions", "list", env=env)
+        assert offline.returncode == 1, describe(offline)
+        assert "conveyor up" in offline.stderr
+        assert "Traceback" not in offline.stderr
+
+        # The data outlives the server.
+        again = procs.start("up", name="up-embedded-2", env=env)
+        again.wait_for_log("Conveyor is up", timeout=60)
+        assert [e["id"] for e in procs.json("executions", "list", env=env)] == [first[0]["id"]]
+        again.signal(signal.SIGTERM)
+        assert again.wait(30) == 0, again.logs()
+        eventually(lambda: _server_gone(data_dir), timeout=15, message=again.logs)
+    finally:
+        procs.close()
+        procs.started.clear()
+        pid = _postmaster_pid(data_dir)
+        if pid is not None and pid_alive(pid):  # a failed run must not leave a server behind
+            os.kill(pid, signal.SIGQUIT)
+            eventually(lambda: not pid_alive(pid), timeout=15)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- 10. configuration -------------------------------------------------------------------
+
+
+def test_config_show_sources(procs: Procs, env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "conveyor.yaml"
+    config.write_text("executor:\n  batch_size: 42\nworker:\n  heartbeat_interval: 4\n  max_concurrent_tasks: 3\n")
+    env = {**env, "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": "7"}
+
+    shown = procs.json("--config", str(config), "config", "show", env=env)
+    assert shown["executor.batch_size"] == {"value": 42, "source": f"file {config}"}
+    # The environment wins over the file.
+    assert shown["worker.max_concurrent_tasks"] == {"value": 7, "source": "env CONVEYOR__WORKER__MAX_CONCURRENT_TASKS"}
+    assert shown["worker.heartbeat_interval"] == {"value": 1.0, "source": "env CONVEYOR__WORKER__HEARTBEAT_INTERVAL"}
+    assert shown["executor.claim_timeout"] == {"value": 30.0, "source": "default"}
+    assert shown["database.url"]["source"] == "env DATABASE_URL"
+
+    without_file = procs.json("config", "show", env=env)
+    assert without_file["executor.batch_size"] == {"value": 100, "source": "default"}
+
+    missing = procs.run("--config", str(tmp_path / "nope.yaml"), "config", "show", env=env)
+    assert missing.returncode == 1, describe(missing)
+    assert "nope.yaml" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+# -- 11. migrations ----------------------------------------------------------------------
+
+
+def test_migrate_twice(procs: Procs, empty_db_url: str) -> None:
+    env = conveyor_env(empty_db_url)
+    first = procs.run("migrate", env=env)
+    assert first.returncode == 0, describe(first)
+    assert "applied 0001_initial" in first.stdout
+    second = procs.run("migrate", env=env)
+    assert second.returncode == 0, describe(second)
+    assert "up to date" in second.stdout
+    assert "applied" not in second.stdout
