@@ -19,6 +19,7 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from conveyor.domain.errors import ConveyorError
@@ -147,6 +148,12 @@ def load_settings(config_file: str | Path | None = None) -> LoadedSettings:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConveyorError(f"invalid configuration: {problems}") from None
+    except SettingsError as exc:  # e.g. a list/mapping value in the environment that is not JSON
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        raise ConveyorError(
+            f"invalid configuration: {exc}{cause}; list and mapping values set in the environment "
+            "must be JSON, e.g. CONVEYOR__WORKER__RUNTIMES='[\"python\"]'"
+        ) from None
 
     sources: dict[str, str] = {}
     file_keys = set(_flatten(file_data))

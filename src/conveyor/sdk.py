@@ -68,7 +68,9 @@ def request_execution(
     params = parameters or {}
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
     try:
-        with conn.cursor(row_factory=tuple_row) as cur:
+        # A savepoint: a refusal by the database (CVA01/CVA02) is raised as a ConveyorError
+        # and must leave the caller's transaction usable, as a client-side refusal does.
+        with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(
                 sql.SQL("SELECT {}.request_execution(%s, %s)").format(sql.Identifier(schema)),
                 (action_ref, Jsonb(params)),

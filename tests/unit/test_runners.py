@@ -213,9 +213,7 @@ async def test_missing_argv_is_an_error_result() -> None:
 
 
 def definition(func: Callable[..., Any] | None) -> ActionDefinition:
-    return ActionDefinition(
-        ref="tests.action", runner_type="python", runtime="python", parameters_schema={}, func=func
-    )
+    return ActionDefinition(ref="tests.action", runner_type="python", runtime="python", parameters_schema={}, func=func)
 
 
 async def test_python_sync_action() -> None:

@@ -4,6 +4,7 @@ on this executor's claim, so rounds on any number of replicas cannot collide."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ class Scheduler:
         batch_size: int,
         staleness: float,
         no_worker_grace: float,
+        unplaceable_check_interval: float = 1.0,
     ) -> None:
         self._pool = pool
         self._transport = transport
@@ -45,26 +47,39 @@ class Scheduler:
         self._batch_size = batch_size
         self._staleness = staleness
         self._grace = no_worker_grace
+        self._unplaceable_check_interval = unplaceable_check_interval
+        self._next_unplaceable_check = 0.0
         self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
 
     async def run_round(self) -> RoundResult:
         async with self._pool.connection() as conn:
             workers = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
             await conn.commit()
-            free = sum(max(0, w["capacity"] - w["load"]) for w in workers)
-            # Claim no more than can be placed; with no live worker at all, still claim
-            # so that executions nobody can run are failed instead of left waiting.
-            limit = min(self._batch_size, free) if workers else self._batch_size
-            if limit == 0:
-                return RoundResult(0, 0, 0, 0)
+            open_ = [w for w in workers if w["capacity"] > w["load"]]
+            free = sum(w["capacity"] - w["load"] for w in open_)
             async with conn.transaction():
                 await conn.execute(Q["relaxed_commit"])
-                rows = await (
-                    await conn.execute(
-                        Q["claim_requested"],
-                        {"limit": limit, "executor": self._executor_id, "min_age": 0 if workers else self._grace},
-                    )
-                ).fetchall()
+                # Only what a worker with a free slot can run now (so a backlog for a
+                # full worker cannot block other actions), at most as many as there are
+                # free slots; plus, separately, what no live worker can run at all once
+                # it is past the grace, to fail it.
+                rows: list[dict[str, Any]] = []
+                if free:
+                    rows = await (
+                        await conn.execute(
+                            Q["claim_requested"],
+                            {
+                                "limit": min(self._batch_size, free),
+                                "executor": self._executor_id,
+                                "refs": sorted({r for w in open_ for r in w["actions"]}),
+                                "runtimes": sorted({r for w in open_ for r in w["runtimes"]}),
+                            },
+                        )
+                    ).fetchall()
+                # That second query scans the whole backlog: run it only every so often.
+                if time.monotonic() >= self._next_unplaceable_check:
+                    self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
+                    rows += await self._claim_unplaceable(conn, workers)
             if not rows:
                 return RoundResult(0, 0, 0, 0)
 
@@ -126,6 +141,19 @@ class Scheduler:
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
         return RoundResult(len(rows), len(dispatched), len(failed), len(release))
+
+    async def _claim_unplaceable(self, conn: Any, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        cursor = await conn.execute(
+            Q["claim_unplaceable"],
+            {
+                "limit": self._batch_size,
+                "executor": self._executor_id,
+                "refs": sorted({r for w in workers for r in w["actions"]}),
+                "runtimes": sorted({r for w in workers for r in w["runtimes"]}),
+                "grace": self._grace,
+            },
+        )
+        return list(await cursor.fetchall())
 
     def _invalid(self, row: dict[str, Any]) -> str | None:
         key = (row["action_ref"], row["action_updated"])

@@ -36,6 +36,7 @@ class ExecutorService:
             batch_size=cfg.batch_size,
             staleness=settings.worker.staleness,
             no_worker_grace=cfg.no_worker_grace,
+            unplaceable_check_interval=cfg.poll_interval,
         )
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.

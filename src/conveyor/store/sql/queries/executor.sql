@@ -1,15 +1,36 @@
 -- name: claim_requested
 -- Claim a batch of requested executions for this executor (requested -> scheduling),
--- oldest first, skipping rows another replica holds. Returns what placement needs.
--- min_age > 0 when no worker is live: only executions past the no-worker grace are
--- worth claiming then (to fail them); the rest would only be handed back.
+-- oldest first, skipping rows another replica holds: only those that a worker with
+-- a free slot can run (its code is there, or it offers the subprocess runtime).
 WITH picked AS (
-    SELECT id FROM execution
-    WHERE status = 'requested'
-      AND created <= now() - make_interval(secs => %(min_age)s)
-    ORDER BY id
+    SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
+    WHERE e.status = 'requested'
+      AND (e.action_ref = ANY(%(refs)s::text[])
+           OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
+    ORDER BY e.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE execution e
+SET status = 'scheduling', executor = %(executor)s
+FROM picked, action a
+WHERE e.id = picked.id AND a.ref = e.action_ref
+RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
+          a.parameters_schema, a.updated AS action_updated,
+          extract(epoch FROM now() - e.created)::float8 AS age;
+
+-- name: claim_unplaceable
+-- Claim requested executions that no live worker can run at all and that have
+-- waited past the no-worker grace, so the round fails them ("no workers available").
+WITH picked AS (
+    SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
+    WHERE e.status = 'requested'
+      AND e.created <= now() - make_interval(secs => %(grace)s)
+      AND NOT (e.action_ref = ANY(%(refs)s::text[])
+               OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
+    ORDER BY e.id
+    LIMIT %(limit)s
+    FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE execution e
 SET status = 'scheduling', executor = %(executor)s
