@@ -52,37 +52,12 @@ class Scheduler:
         self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
 
     async def run_round(self) -> RoundResult:
-        async with self._pool.connection() as conn:
-            workers = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
-            await conn.commit()
-            open_ = [w for w in workers if w["capacity"] > w["load"]]
-            free = sum(w["capacity"] - w["load"] for w in open_)
-            async with conn.transaction():
-                await conn.execute(Q["relaxed_commit"])
-                # Only what a worker with a free slot can run now (so a backlog for a
-                # full worker cannot block other actions), at most as many as there are
-                # free slots; plus, separately, what no live worker can run at all once
-                # it is past the grace, to fail it.
-                rows: list[dict[str, Any]] = []
-                if free:
-                    rows = await (
-                        await conn.execute(
-                            Q["claim_requested"],
-                            {
-                                "limit": min(self._batch_size, free),
-                                "executor": self._executor_id,
-                                "refs": sorted({r for w in open_ for r in w["actions"]}),
-                                "runtimes": sorted({r for w in open_ for r in w["runtimes"]}),
-                            },
-                        )
-                    ).fetchall()
-                # That second query scans the whole backlog: run it only every so often.
-                if time.monotonic() >= self._next_unplaceable_check:
-                    self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
-                    rows += await self._claim_unplaceable(conn, workers)
+        # Pipelined: statements that do not need an earlier result travel together, so
+        # a round costs four round trips to the server however many rows it moves.
+        async with self._pool.connection() as conn, conn.pipeline():
+            rows = await self._claim(conn)
             if not rows:
                 return RoundResult(0, 0, 0, 0)
-
             failures: dict[int, str] = {}
             claims: list[Claim] = []
             for row in rows:
@@ -91,56 +66,68 @@ class Scheduler:
                     failures[row["id"]] = problem
                 else:
                     claims.append(Claim(row["id"], row["action_ref"], row["runner_type"], row["runtime"], row["age"]))
-            refs = {c.id: c.action_ref for c in claims}
-
-            async with conn.transaction():
-                await conn.execute(Q["relaxed_commit"])
-                await conn.execute(Q["lock_assignment"])
-                live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
-                candidates = [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]) for w in live]
-                placement = place(claims, candidates)
-                ages = {c.id: c.age for c in claims}
-                release = list(placement.no_capacity)
-                for eid in placement.no_worker:
-                    if ages[eid] >= self._grace:
-                        failures[eid] = NO_WORKERS.format(ref=refs[eid])
-                    else:
-                        release.append(eid)
-                dispatched = []
-                if placement.assigned:
-                    ids, worker_ids = zip(*placement.assigned, strict=True)
-                    dispatched = await (
-                        await conn.execute(
-                            Q["assign"],
-                            {
-                                "ids": list(ids),
-                                "workers": list(worker_ids),
-                                "executor": self._executor_id,
-                            },
-                        )
-                    ).fetchall()
-                    await self._transport.publish(conn, Topic.WORKER, worker_ids={r["worker"] for r in dispatched})
-                failed = []
-                if failures:
-                    failed = await (
-                        await conn.execute(
-                            Q["fail_claims"],
-                            {
-                                "ids": list(failures),
-                                "errors": list(failures.values()),
-                                "executor": self._executor_id,
-                            },
-                        )
-                    ).fetchall()
-                    await self._transport.publish(conn, Topic.COMPLETED, execution_ids=[r["id"] for r in failed])
-                if failed:
-                    # A failure is reported to waiters: it must not be undone by a crash.
-                    await conn.execute(Q["durable_commit"])
-                if release:
-                    await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
+            dispatched, failed, released = await self._dispatch(conn, claims, failures)
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
-        return RoundResult(len(rows), len(dispatched), len(failed), len(release))
+        return RoundResult(len(rows), dispatched, failed, released)
+
+    async def _claim(self, conn: Any) -> list[dict[str, Any]]:
+        """requested -> scheduling, committed without waiting for the WAL flush."""
+        async with conn.transaction():
+            await conn.execute(Q["relaxed_commit"])
+            workers = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
+            open_ = [w for w in workers if w["capacity"] > w["load"]]
+            free = sum(w["capacity"] - w["load"] for w in open_)
+            # Only what a worker with a free slot can run now (so a backlog for a full
+            # worker cannot block other actions), at most as many as there are free
+            # slots; plus, separately, what no live worker can run at all once past the
+            # grace, to fail it.
+            rows: list[dict[str, Any]] = []
+            if free:
+                params = {
+                    "limit": min(self._batch_size, free),
+                    "executor": self._executor_id,
+                    "refs": sorted({r for w in open_ for r in w["actions"]}),
+                    "runtimes": sorted({r for w in open_ for r in w["runtimes"]}),
+                }
+                rows = await (await conn.execute(Q["claim_requested"], params)).fetchall()
+            # That second query scans the whole backlog: run it only every so often.
+            if time.monotonic() >= self._next_unplaceable_check:
+                self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
+                rows += await self._claim_unplaceable(conn, workers)
+        return rows
+
+    async def _dispatch(self, conn: Any, claims: list[Claim], failures: dict[int, str]) -> tuple[int, int, int]:
+        """Place claims (scheduling -> scheduled), fail or hand back the rest, in one transaction."""
+        async with conn.transaction():
+            await conn.execute(Q["relaxed_commit"])
+            await conn.execute(Q["lock_assignment"])
+            live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
+            placement = place(
+                claims, [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]) for w in live]
+            )
+            by_id = {c.id: c for c in claims}
+            release = list(placement.no_capacity)
+            for eid in placement.no_worker:
+                if by_id[eid].age >= self._grace:
+                    failures[eid] = NO_WORKERS.format(ref=by_id[eid].action_ref)
+                else:
+                    release.append(eid)
+            assigned = failed = released = None
+            if placement.assigned:
+                ids, worker_ids = zip(*placement.assigned, strict=True)
+                params = {"ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id}
+                assigned = await conn.execute(Q["assign"], params)
+                await self._transport.publish(conn, Topic.WORKER, worker_ids=worker_ids)
+            if failures:
+                # A failure is reported to waiters: it must not be undone by a crash.
+                await conn.execute(Q["durable_commit"])
+                params = {"ids": list(failures), "errors": list(failures.values()), "executor": self._executor_id}
+                failed = await conn.execute(Q["fail_claims"], params)
+                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=failures)
+            if release:
+                released = await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
+        return await _count(assigned), await _count(failed), await _count(released)
 
     async def _claim_unplaceable(self, conn: Any, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cursor = await conn.execute(
@@ -177,3 +164,7 @@ class Scheduler:
         for row in rows:
             log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], executor=row["executor"])
         return len(rows)
+
+
+async def _count(cursor: Any) -> int:
+    return len(await cursor.fetchall()) if cursor is not None else 0

@@ -57,8 +57,9 @@ def make_pool(
         open=False,
         kwargs={"row_factory": dict_row, **conninfo_kwargs(schema, application_name)},
         connection_class=psycopg.AsyncConnection[Row],
-        # A connection broken by a database restart is discarded, not reused.
-        check=AsyncConnectionPool.check_connection,
+        # No check on checkout (it would cost a round trip on every use): a connection
+        # broken by a database restart fails its statement, the caller's loop retries,
+        # and the pool discards the broken connection when it comes back.
     )
 
 

@@ -137,7 +137,9 @@ class WorkerService:
             stop_bell.cancel()
 
     async def _claim(self, limit: int) -> int:
-        async with self._pool.connection() as conn, conn.transaction():
+        # Pipelined: BEGIN and the claim travel together; the commit is flushed before
+        # anything runs (a claim lost in a crash must not leave an action running).
+        async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
             rows = await (
                 await conn.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
             ).fetchall()
@@ -195,9 +197,11 @@ class WorkerService:
         delay = 0.1
         while True:
             try:
-                async with self._pool.connection() as conn, conn.transaction():
-                    rows = await (
-                        await conn.execute(
+                # Pipelined: the update and its wake-ups go in one round trip with the
+                # commit. The wake-up names every id of the batch; waiters re-read rows.
+                async with self._pool.connection() as conn, conn.pipeline():
+                    async with conn.transaction():
+                        cursor = await conn.execute(
                             Q["finish"],
                             {
                                 "worker": self.worker_id,
@@ -208,10 +212,10 @@ class WorkerService:
                                 "errors": [f.error for f in batch],
                             },
                         )
-                    ).fetchall()
-                    written = {r["id"] for r in rows}
-                    await self._transport.publish(conn, Topic.COMPLETED, execution_ids=sorted(written))
-                    await self._transport.publish(conn, Topic.CAPACITY)
+                        ids = [f.execution_id for f in batch]
+                        await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ids)
+                        await self._transport.publish(conn, Topic.CAPACITY)
+                    written = {r["id"] for r in await cursor.fetchall()}
                 break
             except psycopg.OperationalError as exc:
                 # Results are kept in memory and retried: the execution rows stay
