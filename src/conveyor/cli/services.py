@@ -8,11 +8,10 @@ from typing import Annotated
 import typer
 
 from conveyor import embedded
-from conveyor.app import serve
+from conveyor.app import prepare_database, serve
 from conveyor.cli.context import console, err_console, state
 from conveyor.config import Settings
 from conveyor.logs import configure
-from conveyor.store.migrate import migrate as apply_migrations
 
 Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Module whose actions to offer.")]
 
@@ -68,7 +67,7 @@ def worker(
 def migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
     settings = state.loaded.settings
-    applied = apply_migrations(embedded.resolve_url(settings), settings.database.schema_name)
+    applied = prepare_database(embedded.resolve_url(settings), settings.database.schema_name)
     if applied:
         for m in applied:
             console.print(f"applied {m.version:04d}_{m.name}")

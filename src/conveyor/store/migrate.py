@@ -57,14 +57,17 @@ def migrate(url: str, schema: str) -> list[Migration]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema),))
         try:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {}.schema_migration ("
-                    " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
-                    " applied timestamptz NOT NULL DEFAULT now())"
-                ).format(sql.Identifier(schema))
-            )
+            # DDL only when something is missing: a service whose role may read and
+            # write but not create can start against a schema migrated beforehand.
+            if not _has_migration_table(conn, schema):
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {}.schema_migration ("
+                        " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+                        " applied timestamptz NOT NULL DEFAULT now())"
+                    ).format(sql.Identifier(schema))
+                )
             done = _applied(conn, schema)
             _check(done, migrations, schema)
             for migration in migrations:
@@ -86,12 +89,16 @@ def migrate(url: str, schema: str) -> list[Migration]:
 def check_version(url: str, schema: str) -> int:
     """Return the schema's version; refuse one that is newer than this code."""
     with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_migration",)).fetchone()
-        if not exists or not exists[0]:
+        if not _has_migration_table(conn, schema):
             return 0
         done = _applied(conn, schema)
     _check(done, known_migrations(), schema)
     return max(done, default=0)
+
+
+def _has_migration_table(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_migration",)).fetchone()
+    return bool(row and row[0])
 
 
 def _applied(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, str]:

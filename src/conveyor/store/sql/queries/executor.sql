@@ -108,6 +108,12 @@ RETURNING e.id;
 
 -- name: reclaim_stale_claims
 -- A claim left in scheduling by an executor that died is handed back after a bound.
-UPDATE execution SET status = 'requested', executor = NULL
-WHERE status = 'scheduling' AND updated < now() - make_interval(secs => %(older_than)s)
-RETURNING id, executor;
+WITH stale AS (
+    SELECT id, executor FROM execution
+    WHERE status = 'scheduling' AND updated < now() - make_interval(secs => %(older_than)s)
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE execution e SET status = 'requested', executor = NULL
+FROM stale
+WHERE e.id = stale.id AND e.status = 'scheduling'
+RETURNING e.id, stale.executor;

@@ -71,7 +71,7 @@ SELECT id FROM finished;
 -- Shutdown: scheduled work this worker has not started goes back to requested at once
 -- (not an attempt that ran: its attempt row is closed as handed back).
 WITH back AS (
-    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL
+    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL, started = NULL
     WHERE worker = %(worker)s AND status = 'scheduled'
     RETURNING id, attempt
 ), recorded AS (
@@ -84,7 +84,7 @@ SELECT id FROM back;
 -- Shutdown past shutdown_timeout: executions this worker was running and had to
 -- cancel go back to requested for another attempt; the attempt is closed as interrupted.
 WITH back AS (
-    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL
+    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL, started = NULL
     WHERE worker = %(worker)s AND status = 'running'
     RETURNING id, attempt
 ), recorded AS (
