@@ -48,6 +48,9 @@ class ExecutorSettings(_Section):
     no_worker_grace: float = Field(
         0, ge=0, description="seconds to wait for a capable worker before failing 'no workers available'"
     )
+    scheduled_timeout_reschedules: int = Field(
+        1, ge=0, description="times a scheduled-but-never-started execution is moved to another worker before failing"
+    )
 
 
 class WorkerSettings(_Section):
@@ -67,7 +70,39 @@ class WorkerSettings(_Section):
 
     @property
     def staleness(self) -> float:
+        """The threshold: a worker silent this long is dead (recorded in its row as stale_after)."""
         return self.heartbeat_interval * self.heartbeat_staleness_multiplier
+
+    @property
+    def self_fence_after(self) -> float:
+        """A worker that could not heartbeat this long stops its work: one interval before
+        the executors may declare it dead and run that work elsewhere."""
+        return max(self.heartbeat_interval, self.staleness - self.heartbeat_interval)
+
+
+class RecoverySettings(_Section):
+    sweep_interval: float = Field(1.0, gt=0, description="seconds between dead-worker sweeps on each executor")
+    on_worker_lost: Literal["retry", "abandon"] = Field(
+        "retry", description="a running execution whose worker died: run it again, or abandon it"
+    )
+    worker_lost_max_attempts: int = Field(3, ge=1, description="attempts lost with their worker before abandoning")
+    backoff_base: float = Field(1.0, ge=0, description="backoff before the 2nd re-run after a lost worker (doubles)")
+    backoff_max: float = Field(60.0, ge=0, description="cap of that backoff")
+
+
+class RetrySettings(_Section):
+    max_attempts: int = Field(1, ge=1, description="attempts for failed/timed-out executions (1 = no retry)")
+    backoff_base: float = Field(1.0, ge=0, description="backoff before the 2nd attempt (doubles each time)")
+    backoff_max: float = Field(60.0, ge=0, description="cap of that backoff")
+    retry_on: list[Literal["failed", "timeout"]] = Field(
+        default=["failed", "timeout"], description="outcomes that are retried"
+    )
+
+
+class HealthSettings(_Section):
+    port: int | None = Field(None, ge=0, le=65535, description="HTTP port for /healthz and /readyz; unset = off")
+    host: str = Field("0.0.0.0", description="address the health endpoint listens on")
+    max_loop_lag: float = Field(2.0, gt=0, description="readiness fails when the event loop lags more than this")
 
 
 class EmbeddedSettings(_Section):
@@ -88,6 +123,9 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)  # type: ignore[arg-type]
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)  # type: ignore[arg-type]
+    retry: RetrySettings = Field(default_factory=RetrySettings)  # type: ignore[arg-type]
+    health: HealthSettings = Field(default_factory=HealthSettings)  # type: ignore[arg-type]
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)  # type: ignore[arg-type]
     log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -89,6 +89,34 @@ def _json_type(hint: Any) -> dict[str, Any]:
     return {"type": name} if name else {}
 
 
+def policy_metadata(
+    *,
+    timeout: float | None = None,
+    scheduled_timeout: float | None = None,
+    retry: Mapping[str, Any] | None = None,
+    on_worker_lost: Literal["retry", "abandon"] | None = None,
+    worker_lost_max_attempts: int | None = None,
+) -> dict[str, Any]:
+    """Per-action overrides of the global defaults, as stored in ``action.metadata``."""
+    out: dict[str, Any] = {}
+    if timeout is not None:
+        out["timeout"] = timeout
+    if scheduled_timeout is not None:
+        out["scheduled_timeout"] = scheduled_timeout
+    if retry:
+        unknown = set(retry) - {"max_attempts", "backoff_base", "backoff_max", "retry_on"}
+        if unknown:
+            raise ValueError(f"unknown retry settings: {sorted(unknown)}")
+        out["retry"] = dict(retry)
+    if on_worker_lost is not None:
+        if on_worker_lost not in ("retry", "abandon"):
+            raise ValueError("on_worker_lost must be 'retry' or 'abandon'")
+        out["on_worker_lost"] = on_worker_lost
+    if worker_lost_max_attempts is not None:
+        out["worker_lost_max_attempts"] = worker_lost_max_attempts
+    return out
+
+
 class ActionRegistry:
     def __init__(self) -> None:
         self._actions: dict[str, ActionDefinition] = {}
@@ -110,17 +138,31 @@ class ActionRegistry:
         parameters: JSONSchema | None = None,
         description: str | None = None,
         timeout: float | None = None,
+        scheduled_timeout: float | None = None,
+        retry: Mapping[str, Any] | None = None,
+        on_worker_lost: Literal["retry", "abandon"] | None = None,
+        worker_lost_max_attempts: int | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a Python callable as action ``ref``. ``parameters`` is a JSON Schema;
-        without one it is derived from the signature."""
+        without one it is derived from the signature. The policy arguments override the
+        configured defaults for this action: ``timeout`` (execution), ``scheduled_timeout``
+        (schedule-to-start), ``retry`` (max_attempts, backoff_base, backoff_max, retry_on),
+        ``on_worker_lost`` and ``worker_lost_max_attempts``."""
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             metadata: dict[str, Any] = {
                 "async": inspect.iscoroutinefunction(func),
                 "entry_point": f"{func.__module__}:{func.__qualname__}",
             }
-            if timeout is not None:
-                metadata["timeout"] = timeout
+            metadata.update(
+                policy_metadata(
+                    timeout=timeout,
+                    scheduled_timeout=scheduled_timeout,
+                    retry=retry,
+                    on_worker_lost=on_worker_lost,
+                    worker_lost_max_attempts=worker_lost_max_attempts,
+                )
+            )
             self.add(
                 ActionDefinition(
                     ref=ref,
@@ -148,6 +190,10 @@ class ActionRegistry:
         stdin: Literal["json", "none"] = "json",
         description: str = "",
         timeout: float | None = None,
+        scheduled_timeout: float | None = None,
+        retry: Mapping[str, Any] | None = None,
+        on_worker_lost: Literal["retry", "abandon"] | None = None,
+        worker_lost_max_attempts: int | None = None,
     ) -> ActionDefinition:
         """Register a command. ``argv`` runs without a shell; ``shell=True`` runs the string in
         parameter ``command_parameter`` with ``/bin/sh -c``, and only when the action says so."""
@@ -162,8 +208,15 @@ class ActionRegistry:
             "output": output,
             "stdin": stdin,
         }
-        if timeout is not None:
-            metadata["timeout"] = timeout
+        metadata.update(
+            policy_metadata(
+                timeout=timeout,
+                scheduled_timeout=scheduled_timeout,
+                retry=retry,
+                on_worker_lost=on_worker_lost,
+                worker_lost_max_attempts=worker_lost_max_attempts,
+            )
+        )
         return self.add(
             ActionDefinition(
                 ref=ref,
