@@ -21,7 +21,7 @@ def backoff(retry_number: int, base: float, cap: float, rng: random.Random | Non
     by a random factor in [0.5, 1] so that many retries do not land at once."""
     if retry_number < 1 or base <= 0:
         return 0.0
-    ceiling = min(cap, base * 2 ** (retry_number - 1))
+    ceiling = min(cap, base * 2.0 ** (retry_number - 1))
     draw = rng.random() if rng is not None else random.random()
     return ceiling * (0.5 + 0.5 * draw)
 
