@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +22,7 @@ from conveyor.actions.registry import ActionDefinition, default_registry
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
+from conveyor.health import HealthServer
 from conveyor.store.db import connect_sync, make_pool
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
@@ -102,13 +106,20 @@ async def serve(
     await pool.open(wait=True, timeout=30)
     try:
         executor = ExecutorService(settings, pool, transport) if run_executor else None
-        worker = WorkerService(settings, pool, transport, actions) if run_worker else None
+        worker = WorkerService(settings, url, pool, transport, actions) if run_worker else None
         if worker is not None:
             await worker.register()
         with _signals(stop, fast):
             async with asyncio.TaskGroup() as tg:
                 ready = asyncio.Event()
                 listener = tg.create_task(transport.run(ready), name="transport")
+                health = None
+                if settings.health.port is not None:
+
+                    def readiness() -> dict[str, bool]:
+                        return {"transport": ready.is_set(), **({"worker": worker.ready} if worker else {})}
+
+                    health = tg.create_task(HealthServer(settings.health, pool, readiness).run(), name="health")
                 await ready.wait()
                 services = []
                 if executor is not None:
@@ -119,5 +130,20 @@ async def serve(
                     on_ready(worker.name if worker else None)
                 await asyncio.gather(*services)
                 listener.cancel()
+                if health is not None:
+                    health.cancel()
     finally:
         await pool.close()
+    _exit_if_actions_linger()
+
+
+def _exit_if_actions_linger() -> None:
+    """A sync Python action cannot be interrupted; its execution has been released (and
+    may run elsewhere), so its thread must not keep running here: end the process now
+    instead of letting the interpreter wait for it at exit."""
+    lingering = [t for t in threading.enumerate() if t.name.startswith("conveyor-action") and t.is_alive()]
+    if lingering:
+        log.warning("exiting with action threads still running; they stop with the process", threads=len(lingering))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

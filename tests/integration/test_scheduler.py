@@ -49,7 +49,6 @@ def scheduler(
         transport,
         executor_id=executor_id,
         batch_size=batch_size,
-        staleness=30,
         no_worker_grace=no_worker_grace,
         unplaceable_check_interval=0,
     )
@@ -115,6 +114,8 @@ def finish(
             "ids": [eid for eid, _ in done],
             "attempts": [attempt for _, attempt in done],
             "statuses": [status] * len(done),
+            "outcomes": [status] * len(done),
+            "delays": [None] * len(done),
             "results": [Jsonb({"succeeded": status == "completed", "error": error})] * len(done),
             "errors": [error] * len(done),
         },

@@ -13,6 +13,7 @@ class Claim:
     runner_type: str
     runtime: str
     age: float  # seconds since the execution was requested (database clock)
+    avoid: frozenset[int] = frozenset()  # workers that did not pick it up in time before
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class Candidate:
     actions: Sequence[str]
     capacity: int
     load: int
+    accepting: bool = True  # False: alive but draining or cordoned
 
     def can_run(self, claim: Claim) -> bool:
         # Python actions need the worker to have imported their code; subprocess
@@ -44,18 +46,20 @@ class Placement:
 
 def place(claims: Sequence[Claim], workers: Sequence[Candidate]) -> Placement:
     """Assign claims in order, each to the least loaded capable worker with a free slot
-    (load relative to capacity, then absolute load, then id for determinism)."""
+    (load relative to capacity, then absolute load, then id for determinism), preferring
+    workers that have not already let this execution time out unstarted. A worker that
+    is alive but not accepting still counts as capable: the execution waits for it."""
     result = Placement()
     for claim in claims:
         capable = [w for w in workers if w.can_run(claim)]
         if not capable:
             result.no_worker.append(claim.id)
             continue
-        open_ = [w for w in capable if w.free > 0]
+        open_ = [w for w in capable if w.accepting and w.free > 0]
         if not open_:
             result.no_capacity.append(claim.id)
             continue
-        best = min(open_, key=lambda w: (w.load / w.capacity, w.load, w.id))
+        best = min(open_, key=lambda w: (w.id in claim.avoid, w.load / w.capacity, w.load, w.id))
         best.load += 1
         result.assigned.append((claim.id, best.id))
     return result

@@ -37,7 +37,6 @@ class Scheduler:
         *,
         executor_id: str,
         batch_size: int,
-        staleness: float,
         no_worker_grace: float,
         unplaceable_check_interval: float = 1.0,
     ) -> None:
@@ -45,7 +44,6 @@ class Scheduler:
         self._transport = transport
         self._executor_id = executor_id
         self._batch_size = batch_size
-        self._staleness = staleness
         self._grace = no_worker_grace
         self._unplaceable_check_interval = unplaceable_check_interval
         self._next_unplaceable_check = 0.0
@@ -65,7 +63,16 @@ class Scheduler:
                 if problem:
                     failures[row["id"]] = problem
                 else:
-                    claims.append(Claim(row["id"], row["action_ref"], row["runner_type"], row["runtime"], row["age"]))
+                    claims.append(
+                        Claim(
+                            row["id"],
+                            row["action_ref"],
+                            row["runner_type"],
+                            row["runtime"],
+                            row["age"],
+                            frozenset(row["avoid"]),
+                        )
+                    )
             dispatched, failed, released = await self._dispatch(conn, claims, failures)
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
@@ -75,8 +82,8 @@ class Scheduler:
         """requested -> scheduling, committed without waiting for the WAL flush."""
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
-            workers = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
-            open_ = [w for w in workers if w["capacity"] > w["load"]]
+            workers = await (await conn.execute(Q["live_workers"])).fetchall()
+            open_ = [w for w in workers if w["accepting"] and w["capacity"] > w["load"]]
             free = sum(w["capacity"] - w["load"] for w in open_)
             # Only what a worker with a free slot can run now (so a backlog for a full
             # worker cannot block other actions), at most as many as there are free
@@ -102,10 +109,11 @@ class Scheduler:
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
             await conn.execute(Q["lock_assignment"])
-            live = await (await conn.execute(Q["live_workers"], {"staleness": self._staleness})).fetchall()
-            placement = place(
-                claims, [Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]) for w in live]
-            )
+            live = await (await conn.execute(Q["live_workers"])).fetchall()
+            candidates = [
+                Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"], w["accepting"]) for w in live
+            ]
+            placement = place(claims, candidates)
             by_id = {c.id: c for c in claims}
             release = list(placement.no_capacity)
             for eid in placement.no_worker:

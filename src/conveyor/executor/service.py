@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.transport.base import Doorbell, Topic, Transport
 
@@ -34,10 +36,10 @@ class ExecutorService:
             transport,
             executor_id=self.executor_id,
             batch_size=cfg.batch_size,
-            staleness=settings.worker.staleness,
             no_worker_grace=cfg.no_worker_grace,
             unplaceable_check_interval=cfg.poll_interval,
         )
+        self._recovery = Recovery(pool, transport, settings)
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._bell = transport.subscribe(Topic.REQUESTED)
@@ -48,7 +50,12 @@ class ExecutorService:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
-            tg.create_task(self._reclaim_loop(stop), name="executor-reclaim")
+            tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
+            cfg = self.settings.executor
+            tg.create_task(self._every(stop, cfg.timeout_check_interval, self._recovery.check_scheduled_timeouts),
+                           name="executor-scheduled-timeouts")  # fmt: skip
+            tg.create_task(self._every(stop, min(cfg.claim_timeout / 2, cfg.timeout_check_interval), self._reclaim),
+                           name="executor-reclaim")  # fmt: skip
         log.info("executor stopped", executor=self.executor_id)
 
     async def _schedule_loop(self, stop: asyncio.Event) -> None:
@@ -66,14 +73,24 @@ class ExecutorService:
                 continue  # a full round placed everything: there may be more waiting
             await self._bell.wait(poll)
 
-    async def _reclaim_loop(self, stop: asyncio.Event) -> None:
-        cfg = self.settings.executor
-        interval = min(cfg.claim_timeout / 2, cfg.timeout_check_interval)
+    async def _sweep(self) -> Any:
+        result = await self._recovery.sweep()
+        if result.get("requeued") or result.get("handed_back"):
+            self._bell.ring()  # reschedule now, not at the next poll
+        return result
+
+    async def _reclaim(self) -> int:
+        return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)
+
+    @staticmethod
+    async def _every(stop: asyncio.Event, interval: float, duty: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``duty`` every ``interval`` until stopped; a database outage is logged and
+        retried at the next tick (these duties are idempotent)."""
         while not await _sleep_or_stop(stop, interval):
             try:
-                await self._scheduler.reclaim_stale(cfg.claim_timeout)
+                await duty()
             except psycopg.OperationalError as exc:
-                log.warning("stale-claim sweep failed; database unreachable", error=str(exc).strip())
+                log.warning("recovery duty failed; database unreachable", duty=duty.__name__, error=str(exc).strip())
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

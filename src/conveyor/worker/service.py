@@ -1,9 +1,13 @@
 """The worker process.
 
-Life cycle: register (upsert by name) and publish the actions it offers; then, in
-one task group, heartbeat, claim what is dispatched to it (scheduled -> running,
-guarded by worker), run up to ``max_concurrent_tasks`` at once, and record results
-in batches fenced by (execution, worker, attempt).
+Life cycle: register through its liveness connection (row + lock, see liveness.py) and
+publish the actions it offers; then, in one task group, heartbeat, claim what is
+dispatched to it (scheduled -> running, guarded by worker), run up to
+``max_concurrent_tasks`` at once, and record results in batches fenced by
+(execution, worker, attempt).
+
+When it loses its standing (declared dead, or unable to heartbeat) it stops every
+execution it runs -- those are being recovered elsewhere -- and rejoins when it can.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import asyncio
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -24,24 +27,15 @@ import conveyor
 from conveyor.actions.registry import ActionDefinition
 from conveyor.config import Settings
 from conveyor.domain.models import ActionResult
+from conveyor.domain.policy import RetryPolicy
 from conveyor.store.queries import Q
-from conveyor.store.rows import action_row
+from conveyor.store.rows import Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
+from conveyor.worker.liveness import Liveness
+from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 
 log = structlog.get_logger(__name__)
-
-# Completions are written in batches of at most this many rows per statement.
-_FINISH_BATCH = 500
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    execution_id: int
-    attempt: int
-    status: str
-    result: dict[str, Any]
-    error: str | None
 
 
 def default_worker_name() -> str:
@@ -50,7 +44,12 @@ def default_worker_name() -> str:
 
 class WorkerService:
     def __init__(
-        self, settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport, actions: list[ActionDefinition]
+        self,
+        settings: Settings,
+        url: str,
+        pool: AsyncConnectionPool[Any],
+        transport: Transport,
+        actions: list[ActionDefinition],
     ) -> None:
         self.settings = settings
         self.cfg = settings.worker
@@ -58,62 +57,73 @@ class WorkerService:
         self._pool = pool
         self._transport = transport
         self._actions = {a.ref: a for a in actions}
+        retry = settings.retry
+        self._retry = RetryPolicy(retry.max_attempts, retry.backoff_base, retry.backoff_max, frozenset(retry.retry_on))
         self._threads = ThreadPoolExecutor(
             max_workers=self.cfg.max_concurrent_tasks, thread_name_prefix="conveyor-action"
         )
-        self._running: dict[int, asyncio.Task[None]] = {}
-        self._done: asyncio.Queue[Finished] = asyncio.Queue()
+        # execution id -> (attempt, task) for everything this worker runs now.
+        self._running: dict[int, tuple[int, asyncio.Task[None]]] = {}
+        # Executions stopped without a result (attempt known), to release when the database answers.
+        self._to_release: dict[int, int] = {}
+        self._results = ResultWriter(pool, transport, self.name)
         self._bell = Doorbell()
-        self.worker_id: int | None = None
+        self._liveness = Liveness(
+            url,
+            settings.database.schema_name,
+            self.cfg,
+            {
+                "name": self.name,
+                "runtimes": self.cfg.runtimes,
+                "actions": sorted(ref for ref, a in self._actions.items() if a.runner_type == "python"),
+                "capabilities": Jsonb({"max_concurrent_tasks": self.cfg.max_concurrent_tasks}),
+                "capacity": self.cfg.max_concurrent_tasks,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "version": conveyor.__version__,
+            },
+            on_lost=self._stop_everything,
+            on_rejoined=self._release_stopped,
+        )
+
+    @property
+    def worker_id(self) -> int | None:
+        return self._liveness.worker_id
+
+    @property
+    def ready(self) -> bool:
+        return self._liveness.accepting.is_set()
 
     async def register(self) -> int:
-        """Upsert the worker row and the actions it offers; subscribe to its dispatch bell.
+        """Publish the actions, take the row and the lock, subscribe to the dispatch bell.
         Must run before the transport starts listening."""
         async with self._pool.connection() as conn, conn.transaction():
             for definition in self._actions.values():
                 await conn.execute(Q["upsert_action"], action_row(definition))
-            found = await (
-                await conn.execute(
-                    Q["register_worker"],
-                    {
-                        "name": self.name,
-                        "runtimes": self.cfg.runtimes,
-                        "actions": sorted(ref for ref, a in self._actions.items() if a.runner_type == "python"),
-                        "capabilities": Jsonb({"max_concurrent_tasks": self.cfg.max_concurrent_tasks}),
-                        "capacity": self.cfg.max_concurrent_tasks,
-                        "host": socket.gethostname(),
-                        "pid": os.getpid(),
-                        "version": conveyor.__version__,
-                    },
-                )
-            ).fetchone()
-            assert found is not None
-            self.worker_id = int(found["id"])
+        worker_id = await self._liveness.start()
+        self._results.worker_id = worker_id
+        async with self._pool.connection() as conn:
             await self._transport.publish(conn, Topic.CAPACITY)
-        self._transport.subscribe(Topic.WORKER, self.worker_id, bell=self._bell)
-        log.info(
-            "worker registered",
-            worker=self.name,
-            worker_id=self.worker_id,
-            actions=len(self._actions),
-            capacity=self.cfg.max_concurrent_tasks,
-        )
-        return self.worker_id
+        self._transport.subscribe(Topic.WORKER, worker_id, bell=self._bell)
+        self._liveness.accepting.set()
+        log.info("worker registered", worker=self.name, worker_id=worker_id, actions=len(self._actions),
+                 capacity=self.cfg.max_concurrent_tasks, stale_after=self.cfg.staleness)  # fmt: skip
+        return worker_id
 
     async def run(self, stop: asyncio.Event, fast_stop: asyncio.Event) -> None:
         assert self.worker_id is not None, "register() first"
         try:
             async with asyncio.TaskGroup() as tg:
-                heartbeat = tg.create_task(self._heartbeat_loop(), name="worker-heartbeat")
-                finisher = tg.create_task(self._finish_loop(), name="worker-finish")
+                heartbeat = tg.create_task(self._liveness.run(), name="worker-liveness")
+                writer = tg.create_task(self._results.run(), name="worker-results")
                 await self._claim_loop(stop)
                 await self._drain(fast_stop)
-                await self._done.join()  # every result written
+                await self._results.flushed(within=max(self.cfg.heartbeat_interval, 5.0))
+                writer.cancel()
                 heartbeat.cancel()
-                finisher.cancel()
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
-        await self._set_status("inactive")
+            await self._liveness.close("inactive")
         log.info("worker stopped", worker=self.name, worker_id=self.worker_id)
 
     # -- claiming -----------------------------------------------------------------
@@ -125,7 +135,7 @@ class WorkerService:
             while not stop.is_set():
                 free = self.cfg.max_concurrent_tasks - len(self._running)
                 claimed = 0
-                if free > 0:
+                if free > 0 and self._liveness.accepting.is_set():
                     try:
                         claimed = await self._claim(free)
                     except psycopg.OperationalError as exc:
@@ -145,7 +155,7 @@ class WorkerService:
             ).fetchall()
         for row in rows:
             task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
-            self._running[row["id"]] = task
+            self._running[row["id"]] = (row["attempt"], task)
         return len(rows)
 
     async def _execute(self, row: dict[str, Any]) -> None:
@@ -154,135 +164,93 @@ class WorkerService:
         bound.debug("execution started")
         try:
             result = await self._run_action(row)
+        except asyncio.CancelledError:
+            self._to_release[eid] = attempt
+            bound.warning("execution stopped on this worker")
+            raise
         finally:
             self._running.pop(eid, None)
             self._bell.ring()  # a slot is free
-        status = "completed" if result.succeeded else ("timeout" if result.timed_out else "failed")
-        bound.info("execution finished", status=status, duration=round(result.duration, 4))
-        self._done.put_nowait(Finished(eid, attempt, status, result.to_json(), result.error))
+        outcome = "completed" if result.succeeded else ("timeout" if result.timed_out else "failed")
+        delay = None
+        if outcome != "completed":
+            policy = self._retry.overridden((row["metadata"] or {}).get("retry"))
+            delay = policy.next_delay(attempt, outcome)
+        status = outcome if delay is None else "requested"
+        bound.info("execution finished", status=outcome, duration=round(result.duration, 4),
+                   retry_in=round(delay, 3) if delay is not None else None)  # fmt: skip
+        self._results.put(Finished(eid, attempt, status, outcome, delay, result.to_json(), result.error))
 
     async def _run_action(self, row: dict[str, Any]) -> ActionResult:
         metadata: dict[str, Any] = row["metadata"] or {}
         timeout = float(metadata.get("timeout") or self.cfg.execution_timeout)
         if row["runner_type"] == "subprocess":
-            return await run_subprocess(
-                metadata,
-                row["parameters"],
-                timeout=timeout,
-                kill_grace=self.cfg.kill_grace,
-                output_limit=self.cfg.output_limit,
-            )
+            return await run_subprocess(metadata, row["parameters"], timeout=timeout,
+                                        kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit)  # fmt: skip
         definition = self._actions.get(row["action_ref"])
         if definition is None:
-            return ActionResult(
-                succeeded=False,
-                exit_code=None,
-                duration=0.0,
-                error=f"action {row['action_ref']} has no code on worker {self.name}",
-            )
+            error = f"action {row['action_ref']} has no code on worker {self.name}"
+            return ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
         return await run_python(definition, row["parameters"], timeout=timeout, executor=self._threads)
 
-    # -- results ------------------------------------------------------------------
+    # -- losing work, releasing it ---------------------------------------------------
 
-    async def _finish_loop(self) -> None:
-        while True:
-            batch = [await self._done.get()]
-            while len(batch) < _FINISH_BATCH and not self._done.empty():
-                batch.append(self._done.get_nowait())
-            await self._write_results(batch)
-            for _ in batch:
-                self._done.task_done()
+    async def _stop_everything(self, reason: str) -> None:
+        """Stop every execution (process groups killed by the runners); each is remembered
+        for release. Those already recovered elsewhere are refused by the fence then."""
+        tasks = [task for _, task in self._running.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            log.warning("stopped executions", count=len(tasks), reason=reason, worker=self.name)
 
-    async def _write_results(self, batch: list[Finished]) -> None:
-        delay = 0.1
-        while True:
-            try:
-                # Pipelined: the update and its wake-ups go in one round trip with the
-                # commit. The wake-up names every id of the batch; waiters re-read rows.
-                async with self._pool.connection() as conn, conn.pipeline():
-                    async with conn.transaction():
-                        cursor = await conn.execute(
-                            Q["finish"],
-                            {
-                                "worker": self.worker_id,
-                                "ids": [f.execution_id for f in batch],
-                                "attempts": [f.attempt for f in batch],
-                                "statuses": [f.status for f in batch],
-                                "results": [Jsonb(f.result) for f in batch],
-                                "errors": [f.error for f in batch],
-                            },
-                        )
-                        ids = [f.execution_id for f in batch]
-                        await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ids)
-                        await self._transport.publish(conn, Topic.CAPACITY)
-                    written = {r["id"] for r in await cursor.fetchall()}
-                break
-            except psycopg.OperationalError as exc:
-                # Results are kept in memory and retried: the execution rows stay
-                # `running` meanwhile, which recovery (not this loop) arbitrates.
-                log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        for f in batch:
-            if f.execution_id not in written:
-                log.warning(
-                    "late result refused: the execution moved on without this attempt",
-                    execution_id=f.execution_id,
-                    attempt=f.attempt,
-                    worker=self.name,
-                )
+    async def _release_stopped(self, outcome: str = "worker_lost", error: str = "worker lost") -> None:
+        """running -> requested for executions this worker stopped, fenced on (worker, attempt)."""
+        if not self._to_release:
+            return
+        decisions = Decisions()
+        for eid, attempt in self._to_release.items():
+            decisions.add({"id": eid, "attempt": attempt}, "requested", None, error)
+        params = decisions.params(worker=self.worker_id, outcome=outcome, by="worker", from_statuses=["running"])
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+            if rows:
+                await self._transport.publish(conn, Topic.REQUESTED)
+        self._to_release.clear()
+        log.warning("released stopped executions for another attempt", count=len(rows), outcome=outcome)
 
-    # -- liveness and shutdown ------------------------------------------------------
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.heartbeat_interval)
-            try:
-                async with self._pool.connection() as conn:
-                    await conn.execute(Q["heartbeat"], {"id": self.worker_id})
-            except psycopg.OperationalError as exc:
-                log.warning("heartbeat failed; database unreachable", error=str(exc).strip())
+    # -- shutdown ---------------------------------------------------------------------
 
     async def _drain(self, fast_stop: asyncio.Event) -> None:
         """Graceful part of shutdown: no new work, hand back what has not started,
-        give running work ``shutdown_timeout`` to finish, then cancel it."""
-        await self._set_status("draining")
-        async with self._pool.connection() as conn, conn.transaction():
-            back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
+        give running work ``shutdown_timeout`` to finish, then stop and release it."""
+        self._liveness.accepting.clear()
+        await self._liveness.set_status("draining")
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
+                back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
+                if back:
+                    await self._transport.publish(conn, Topic.REQUESTED)
             if back:
-                await self._transport.publish(conn, Topic.REQUESTED)
-        if back:
-            log.info("handed back scheduled executions", count=len(back))
+                log.info("handed back scheduled executions", count=len(back))
+        except psycopg.OperationalError as exc:
+            log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
         if self._running:
             log.info("waiting for running executions", count=len(self._running), timeout=self.cfg.shutdown_timeout)
-        deadline = asyncio.get_running_loop().time() + self.cfg.shutdown_timeout
-        while self._running and not fast_stop.is_set():
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.shutdown_timeout
+        while self._running and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
             fast = asyncio.ensure_future(fast_stop.wait())
-            await asyncio.wait([*self._running.values(), fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            tasks = [task for _, task in self._running.values()]
+            await asyncio.wait([*tasks, fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             fast.cancel()
-        leftover = [t for t in self._running.values() if not t.done()]
-        for task in leftover:
-            task.cancel()
-        if leftover:
-            await asyncio.gather(*leftover, return_exceptions=True)
-            await self._release_running()
-
-    async def _release_running(self) -> None:
-        async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(Q["release_running"], {"worker": self.worker_id})).fetchall()
-            if rows:
-                await self._transport.publish(conn, Topic.REQUESTED)
-        log.warning("released interrupted executions for another attempt", count=len(rows))
-
-    async def _set_status(self, status: str) -> None:
+        await self._stop_everything("shutdown")
         try:
-            async with self._pool.connection() as conn:
-                await conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status})
+            await self._release_stopped(outcome="interrupted", error="worker shut down")
         except psycopg.OperationalError as exc:
-            log.warning("cannot record worker status", status=status, error=str(exc).strip())
+            log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

@@ -5,6 +5,7 @@
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
+      AND (e.not_before IS NULL OR e.not_before <= now())
       AND (e.action_ref = ANY(%(refs)s::text[])
            OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
@@ -17,7 +18,11 @@ FROM picked, action a
 WHERE e.id = picked.id AND a.ref = e.action_ref
 RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
           a.parameters_schema, a.updated AS action_updated,
-          extract(epoch FROM now() - e.created)::float8 AS age;
+          extract(epoch FROM now() - e.created)::float8 AS age,
+          CASE WHEN e.attempt = 0 THEN '{}'::bigint[] ELSE ARRAY(
+              SELECT t.worker FROM execution_attempt t
+              WHERE t.execution = e.id AND t.outcome = 'not_picked_up' AND t.worker IS NOT NULL
+          ) END AS avoid;
 
 -- name: claim_unplaceable
 -- Claim requested executions that no live worker can run at all and that have
@@ -25,6 +30,7 @@ RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
+      AND (e.not_before IS NULL OR e.not_before <= now())
       AND e.created <= now() - make_interval(secs => %(grace)s)
       AND NOT (e.action_ref = ANY(%(refs)s::text[])
                OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
@@ -38,7 +44,11 @@ FROM picked, action a
 WHERE e.id = picked.id AND a.ref = e.action_ref
 RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
           a.parameters_schema, a.updated AS action_updated,
-          extract(epoch FROM now() - e.created)::float8 AS age;
+          extract(epoch FROM now() - e.created)::float8 AS age,
+          CASE WHEN e.attempt = 0 THEN '{}'::bigint[] ELSE ARRAY(
+              SELECT t.worker FROM execution_attempt t
+              WHERE t.execution = e.id AND t.outcome = 'not_picked_up' AND t.worker IS NOT NULL
+          ) END AS avoid;
 
 -- name: relaxed_commit
 -- The executor's claim and dispatch commits need not wait for the WAL flush: if
@@ -57,15 +67,25 @@ SET LOCAL synchronous_commit = on;
 SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0));
 
 -- name: live_workers
--- Workers that may take work now: active, heartbeat fresh by the database clock,
--- with their current load (executions occupying a slot).
+-- Workers alive now: active or draining, heartbeat fresh by their own bound (database
+-- clock), and their liveness lock held unless the server restarted since they took
+-- it. ``accepting`` ones (active, not cordoned) may be given work; the others still
+-- count as able to run an action, so its executions wait rather than fail.
 SELECT w.id, w.name, w.runtimes, w.actions, w.capacity,
+       (w.status = 'active' AND NOT w.cordoned) AS accepting,
        (SELECT count(*) FROM execution e
         WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load
 FROM worker w
-WHERE w.status = 'active'
+LEFT JOIN (
+    SELECT l.objid FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = worker_lock_class()::oid
+) held ON held.objid = w.id::oid
+WHERE w.status IN ('active', 'draining')
   AND w.worker_role = 'action'
-  AND w.last_heartbeat > now() - make_interval(secs => %(staleness)s)
+  AND w.last_heartbeat > now() - make_interval(secs => w.stale_after)
+  AND (held.objid IS NOT NULL OR w.lock_epoch IS DISTINCT FROM pg_postmaster_start_time())
 ORDER BY w.id;
 
 -- name: assign
@@ -76,7 +96,7 @@ WITH chosen AS (
 ), moved AS (
     UPDATE execution e
     SET status = 'scheduled', worker = chosen.worker, attempt = e.attempt + 1,
-        scheduled = now(), started = NULL, ended = NULL
+        scheduled = now(), started = NULL, ended = NULL, not_before = NULL
     FROM chosen
     WHERE e.id = chosen.id AND e.status = 'scheduling' AND e.executor = %(executor)s
     RETURNING e.id, e.attempt, e.worker

@@ -1,14 +1,32 @@
+-- name: worker_by_name
+-- The row a (re)registering worker will take over, locked, with its previous state.
+SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
+
 -- name: register_worker
--- Upsert by name: a restarted worker keeps its id (and later its queue).
+-- Upsert by name: a restarted worker keeps its id (and later its queue). Stamped with
+-- the server's start time, which tells the executors whether a missing liveness lock
+-- means a dead worker or a restarted server.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
-                    host, pid, version, last_heartbeat)
+                    host, pid, version, stale_after, lock_epoch, last_heartbeat)
 VALUES (%(name)s, 'action', 'active', %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
-        %(host)s, %(pid)s, %(version)s, now())
+        %(host)s, %(pid)s, %(version)s, %(stale_after)s, pg_postmaster_start_time(), now())
 ON CONFLICT (name) DO UPDATE
 SET status = 'active', runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
-    pid = EXCLUDED.pid, version = EXCLUDED.version, last_heartbeat = now()
+    pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
+    lock_epoch = pg_postmaster_start_time(), last_heartbeat = now()
 RETURNING id;
+
+-- name: acquire_worker_lock
+SELECT acquire_worker_lock(%(id)s) AS locked;
+
+-- name: session_keepalives
+-- Server side of the liveness connection: drop the session (and so the lock) when
+-- its peer has been unreachable for about the worker's staleness bound.
+SELECT set_config('tcp_keepalives_idle', %(idle)s, false),
+       set_config('tcp_keepalives_interval', %(interval)s, false),
+       set_config('tcp_keepalives_count', %(count)s, false),
+       set_config('tcp_user_timeout', %(user_timeout_ms)s, false);
 
 -- name: upsert_action
 -- Record an action this worker offers (definitions in code are the source of truth).
@@ -24,7 +42,8 @@ WHERE (action.description, action.runner_type, action.runtime, action.parameters
                         EXCLUDED.parameters_schema, EXCLUDED.metadata);
 
 -- name: heartbeat
-UPDATE worker SET last_heartbeat = now() WHERE id = %(id)s RETURNING status;
+-- No row back: an executor declared this worker dead (its work is being recovered).
+UPDATE worker SET last_heartbeat = now() WHERE id = %(id)s AND status <> 'inactive' RETURNING status;
 
 -- name: set_worker_status
 UPDATE worker SET status = %(status)s WHERE id = %(id)s;
@@ -50,45 +69,28 @@ SELECT s.id, s.attempt, s.action_ref, s.parameters, a.runner_type, a.metadata
 FROM started s JOIN action a ON a.ref = s.action_ref;
 
 -- name: finish
--- running -> completed|failed|timeout, fenced by (execution, worker, attempt); a write
--- from an attempt that is no longer current changes nothing and is reported back.
+-- running -> completed|failed|timeout, or back to requested when the retry policy
+-- asks (after a backoff); fenced by (execution, worker, attempt): a write from an
+-- attempt that is no longer current changes nothing and is reported back.
 WITH done AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
-                         %(results)s::jsonb[], %(errors)s::text[]) AS d(id, attempt, status, result, error)
+                         %(outcomes)s::text[], %(delays)s::float8[], %(results)s::jsonb[],
+                         %(errors)s::text[])
+        AS d(id, attempt, status, outcome, delay, result, error)
 ), finished AS (
-    UPDATE execution e SET status = done.status, result = done.result, ended = now()
+    UPDATE execution e
+    SET status = done.status, result = done.result,
+        ended = CASE WHEN done.status = 'requested' THEN NULL ELSE now() END,
+        worker = CASE WHEN done.status = 'requested' THEN NULL ELSE e.worker END,
+        executor = CASE WHEN done.status = 'requested' THEN NULL ELSE e.executor END,
+        started = CASE WHEN done.status = 'requested' THEN NULL ELSE e.started END,
+        not_before = CASE WHEN done.delay IS NULL THEN NULL ELSE now() + make_interval(secs => done.delay) END
     FROM done
     WHERE e.id = done.id AND e.worker = %(worker)s AND e.attempt = done.attempt AND e.status = 'running'
-    RETURNING e.id, e.attempt, e.status, e.ended, done.error
+    RETURNING e.id, e.attempt, done.outcome, done.error
 ), recorded AS (
     UPDATE execution_attempt t
-    SET ended = finished.ended, outcome = finished.status, error = finished.error
+    SET ended = now(), outcome = finished.outcome, error = finished.error
     FROM finished WHERE t.execution = finished.id AND t.attempt = finished.attempt
 )
 SELECT id FROM finished;
-
--- name: hand_back_scheduled
--- Shutdown: scheduled work this worker has not started goes back to requested at once
--- (not an attempt that ran: its attempt row is closed as handed back).
-WITH back AS (
-    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL, started = NULL
-    WHERE worker = %(worker)s AND status = 'scheduled'
-    RETURNING id, attempt
-), recorded AS (
-    UPDATE execution_attempt t SET ended = now(), outcome = 'handed_back'
-    FROM back WHERE t.execution = back.id AND t.attempt = back.attempt
-)
-SELECT id FROM back;
-
--- name: release_running
--- Shutdown past shutdown_timeout: executions this worker was running and had to
--- cancel go back to requested for another attempt; the attempt is closed as interrupted.
-WITH back AS (
-    UPDATE execution SET status = 'requested', worker = NULL, executor = NULL, started = NULL
-    WHERE worker = %(worker)s AND status = 'running'
-    RETURNING id, attempt
-), recorded AS (
-    UPDATE execution_attempt t SET ended = now(), outcome = 'interrupted', error = 'worker shut down'
-    FROM back WHERE t.execution = back.id AND t.attempt = back.attempt
-)
-SELECT id FROM back;

@@ -1,0 +1,107 @@
+"""Recovery loops, safe on every replica at once (every write is guarded):
+
+- the sweep: dead workers marked inactive (stale heartbeat, or liveness lock gone), their
+  scheduled work handed back, their running work run again or abandoned per policy;
+- the schedule-to-start monitor: scheduled work never started is moved to another
+  worker a bounded number of times, then failed with the seeds' message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.config import Settings
+from conveyor.domain.policy import WorkerLostPolicy
+from conveyor.store.queries import Q
+from conveyor.store.rows import Decisions
+from conveyor.transport.base import Topic, Transport
+
+log = structlog.get_logger(__name__)
+
+WORKER_LOST = "worker lost"
+NOT_PICKED_UP = "Execution timeout: worker did not pick up task within timeout"
+
+
+class Recovery:
+    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, settings: Settings) -> None:
+        self._pool = pool
+        self._transport = transport
+        cfg = settings.recovery
+        self._lost_policy = WorkerLostPolicy(
+            on_worker_lost=cfg.on_worker_lost,
+            max_attempts=cfg.worker_lost_max_attempts,
+            backoff_base=cfg.backoff_base,
+            backoff_max=cfg.backoff_max,
+        )
+        self._scheduled_timeout = settings.executor.scheduled_timeout
+        self._reschedules = settings.executor.scheduled_timeout_reschedules
+
+    async def sweep(self) -> dict[str, int]:
+        """One pass over dead workers and what they held. Returns counts for logs and tests."""
+        async with self._pool.connection() as conn, conn.transaction():
+            if not (await (await conn.execute(Q["lock_sweep"])).fetchone() or {}).get("locked"):
+                return {}
+            dead = await (await conn.execute(Q["deactivate_dead_workers"])).fetchall()
+            back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": None})).fetchall()
+            lost = await (await conn.execute(Q["lost_running"])).fetchall()
+            decisions = Decisions()
+            for row in lost:
+                if row["status"] == "canceling":
+                    decisions.add(row, "cancelled", None, f"{WORKER_LOST} while cancelling")
+                    continue
+                delay = self._lost_policy.overridden(row["metadata"]).next_delay(row["lost_before"] + 1)
+                decisions.add(row, "abandoned" if delay is None else "requested", delay, WORKER_LOST)
+            moved = []
+            if decisions.ids:
+                params = decisions.params(outcome="worker_lost", by="recovery", from_statuses=["running", "canceling"])
+                moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+            requeued = [m["id"] for m in moved if m["status"] == "requested"]
+            ended = [m["id"] for m in moved if m["status"] != "requested"]
+            if back or requeued:
+                await self._transport.publish(conn, Topic.REQUESTED)
+            if ended:
+                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
+        for w in dead:
+            age = w["heartbeat_age"]
+            reason = "liveness lock released (process gone)" if w["lock_lost"] else "heartbeat is stale"
+            log.warning(
+                f"Worker {w['name']} (ID: {w['id']}) {reason} ({age:.0f}s old), marking as inactive",
+                worker=w["name"], worker_id=w["id"], heartbeat_age=round(age, 3) if age is not None else None,
+            )  # fmt: skip
+        if dead:
+            log.info(f"Deactivated {len(dead)} worker(s)", count=len(dead))
+        for b in back:
+            log.info("handed back scheduled execution of a lost worker", execution_id=b["id"], worker_id=b["worker"])
+        for m in moved:
+            log.warning("recovered execution from a lost worker", execution_id=m["id"], status=m["status"])
+        return {"dead": len(dead), "handed_back": len(back), "requeued": len(requeued), "ended": len(ended)}
+
+    async def check_scheduled_timeouts(self) -> dict[str, int]:
+        """Scheduled but never started within the schedule-to-start timeout: move it to
+        another worker up to ``scheduled_timeout_reschedules`` times, then fail it."""
+        async with self._pool.connection() as conn, conn.transaction():
+            overdue = await (
+                await conn.execute(Q["overdue_scheduled"], {"default_timeout": self._scheduled_timeout})
+            ).fetchall()
+            if not overdue:
+                return {}
+            decisions = Decisions()
+            for row in overdue:
+                retry = row["missed"] < self._reschedules
+                decisions.add(row, "requested" if retry else "failed", None, NOT_PICKED_UP)
+            params = decisions.params(
+                outcome="not_picked_up", by="execution_timeout_monitor", from_statuses=["scheduled"]
+            )
+            moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+            failed = [m["id"] for m in moved if m["status"] == "failed"]
+            # Published only for the rows whose guarded update won.
+            if len(failed) < len(moved):
+                await self._transport.publish(conn, Topic.REQUESTED)
+            if failed:
+                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=failed)
+        for m in moved:
+            log.warning("scheduled execution was not picked up in time", execution_id=m["id"], status=m["status"])
+        return {"rescheduled": len(moved) - len(failed), "failed": len(failed)}

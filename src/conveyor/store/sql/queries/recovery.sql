@@ -1,0 +1,102 @@
+-- name: lock_sweep
+-- One replica at a time runs a sweep (the others skip theirs): not needed for
+-- correctness, every statement below is guarded, but it saves duplicate scans.
+SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.sweep', 0)) AS locked;
+
+-- name: deactivate_dead_workers
+-- Mark dead workers inactive (guarded: only active or draining ones): heartbeat older
+-- than the worker's own bound, or its liveness lock gone while the server that
+-- granted it is still up (the process died and the kernel closed its socket).
+WITH held AS (
+    SELECT l.objid FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = worker_lock_class()::oid
+)
+UPDATE worker w SET status = 'inactive'
+WHERE w.status IN ('active', 'draining')
+  AND (w.last_heartbeat IS NULL
+       OR w.last_heartbeat < now() - make_interval(secs => w.stale_after)
+       OR (w.lock_epoch = pg_postmaster_start_time()
+           AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)))
+RETURNING w.id, w.name,
+          extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
+          coalesce(w.last_heartbeat >= now() - make_interval(secs => w.stale_after), false) AS lock_lost;
+
+-- name: hand_back_scheduled
+-- scheduled work that will not start where it is -- on one worker (%(worker)s: its
+-- shutdown or a drain) or, with NULL, on any worker that is gone -- goes back to
+-- requested. Not an attempt: the dispatch never started, so its attempt number and
+-- row are withdrawn.
+WITH back AS (
+    SELECT e.id, e.attempt, e.worker FROM execution e LEFT JOIN worker w ON w.id = e.worker
+    WHERE e.status = 'scheduled'
+      AND (e.worker = %(worker)s OR (%(worker)s::bigint IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
+    ORDER BY e.id
+    FOR UPDATE OF e SKIP LOCKED
+), withdrawn AS (
+    DELETE FROM execution_attempt t USING back WHERE t.execution = back.id AND t.attempt = back.attempt
+)
+UPDATE execution e
+SET status = 'requested', worker = NULL, executor = NULL, attempt = e.attempt - 1,
+    scheduled = NULL, started = NULL
+FROM back
+WHERE e.id = back.id AND e.status = 'scheduled' AND e.attempt = back.attempt
+RETURNING e.id, back.worker;
+
+-- name: lost_running
+-- Executions running (or being cancelled) on a worker that is gone, with what the
+-- recovery decision needs; locked until the sweep's transaction ends.
+SELECT e.id, e.attempt, e.status, e.worker, a.metadata,
+       (SELECT count(*) FROM execution_attempt t
+        WHERE t.execution = e.id AND t.outcome = 'worker_lost')::int AS lost_before
+FROM execution e
+JOIN action a ON a.ref = e.action_ref
+LEFT JOIN worker w ON w.id = e.worker
+WHERE e.status IN ('running', 'canceling') AND (w.id IS NULL OR w.status = 'inactive')
+ORDER BY e.id
+FOR UPDATE OF e SKIP LOCKED;
+
+-- name: resolve_attempts
+-- Apply recovery decisions to running executions, fenced on the attempt (and on the
+-- worker when %(worker)s is given -- a worker releasing its own): requested again
+-- (after a backoff), abandoned, failed or cancelled. The attempt is closed with its
+-- outcome.
+WITH d AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
+                         %(delays)s::float8[], %(errors)s::text[])
+        AS d(id, attempt, status, delay, error)
+), moved AS (
+    UPDATE execution e
+    SET status = d.status,
+        worker = CASE WHEN d.status = 'requested' THEN NULL ELSE e.worker END,
+        executor = CASE WHEN d.status = 'requested' THEN NULL ELSE e.executor END,
+        started = CASE WHEN d.status = 'requested' THEN NULL ELSE e.started END,
+        ended = CASE WHEN d.status = 'requested' THEN NULL ELSE now() END,
+        not_before = CASE WHEN d.delay IS NULL THEN NULL ELSE now() + make_interval(secs => d.delay) END,
+        result = CASE WHEN d.status = 'requested' THEN e.result
+                      ELSE jsonb_build_object('succeeded', false, 'error', d.error, 'failed_by', %(by)s) END
+    FROM d
+    WHERE e.id = d.id AND e.attempt = d.attempt AND e.status = ANY(%(from_statuses)s::text[])
+      AND (%(worker)s::bigint IS NULL OR e.worker = %(worker)s)
+    RETURNING e.id, e.attempt, e.status
+), closed AS (
+    UPDATE execution_attempt t SET ended = now(), outcome = %(outcome)s, error = d.error
+    FROM moved JOIN d ON d.id = moved.id
+    WHERE t.execution = moved.id AND t.attempt = moved.attempt
+)
+SELECT id, status FROM moved;
+
+-- name: overdue_scheduled
+-- Scheduled executions that did not start within their schedule-to-start timeout
+-- (the action's own, else the configured default), with how many times that
+-- already happened to them.
+SELECT e.id, e.attempt, e.worker,
+       (SELECT count(*) FROM execution_attempt t
+        WHERE t.execution = e.id AND t.outcome = 'not_picked_up')::int AS missed
+FROM execution e JOIN action a ON a.ref = e.action_ref
+WHERE e.status = 'scheduled'
+  AND e.scheduled < now() - make_interval(
+        secs => coalesce((a.metadata ->> 'scheduled_timeout')::float8, %(default_timeout)s))
+ORDER BY e.id
+FOR UPDATE OF e SKIP LOCKED;

@@ -1,0 +1,191 @@
+"""A worker's liveness: one dedicated connection for its whole life.
+
+On it the worker takes a session-level advisory lock (keyed by its id) in the same
+transaction that marks its row active, then heartbeats. The executors read two
+signals from it:
+
+- the lock: when the process dies the kernel closes the socket, PostgreSQL drops
+  the session and the lock with it, and the worker is dead *now*;
+- the heartbeat: older than the worker's own ``stale_after`` (interval x multiplier)
+  means dead even when the lock lingers (a partition, a hung process). Keepalives on
+  both ends of this connection make the server drop a vanished host's session after
+  about that same bound.
+
+From the worker's side: a heartbeat that finds its row ``inactive`` means an executor
+declared it dead and is recovering its work, so it stops that work (``on_lost``) and
+rejoins. A worker that cannot heartbeat for ``self_fence_after`` -- one interval less
+than the bound the executors use -- stops its work on its own before anyone runs it
+elsewhere, and rejoins once the database answers again (``on_rejoined``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.rows import dict_row
+
+from conveyor.config import WorkerSettings
+from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import conninfo_kwargs
+from conveyor.store.queries import Q
+
+log = structlog.get_logger(__name__)
+
+
+class NameInUseError(ConveyorError):
+    pass
+
+
+class Liveness:
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        cfg: WorkerSettings,
+        registration: dict[str, Any],
+        on_lost: Callable[[str], Awaitable[None]],
+        on_rejoined: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._url = url
+        self._schema = schema
+        self._cfg = cfg
+        self._registration = {**registration, "stale_after": cfg.staleness}
+        self._on_lost = on_lost
+        self._on_rejoined = on_rejoined
+        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        self.worker_id: int | None = None
+        self.last_ok = time.monotonic()
+        self.fenced = False
+        # Set while the worker may claim work: registered, lock held, not fenced.
+        self.accepting = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return str(self._registration["name"])
+
+    async def start(self) -> int:
+        """Connect, take the lock and register; refuse a name a live process holds."""
+        await self._connect()
+        await self._register()
+        assert self.worker_id is not None
+        return self.worker_id
+
+    async def run(self) -> None:
+        """Heartbeat until cancelled."""
+        while True:
+            await asyncio.sleep(self._cfg.heartbeat_interval)
+            await self._tick()
+
+    async def close(self, status: str) -> None:
+        """Record the final status; closing the connection releases the lock."""
+        self.accepting.clear()
+        if self._conn is not None and not self._conn.closed:
+            try:
+                async with asyncio.timeout(self._cfg.heartbeat_interval):
+                    await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status})
+            except (psycopg.OperationalError, TimeoutError) as exc:
+                log.warning("cannot record worker status", status=status, error=str(exc).strip())
+            await self._conn.close()
+
+    async def set_status(self, status: str) -> None:
+        if self._conn is None or self._conn.closed:
+            return
+        try:
+            async with asyncio.timeout(self._cfg.heartbeat_interval):
+                await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status})
+        except (psycopg.OperationalError, TimeoutError) as exc:
+            log.warning("cannot record worker status", status=status, error=str(exc).strip())
+
+    # -- internals --------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        rejoined = False
+        try:
+            async with asyncio.timeout(self._cfg.heartbeat_interval):
+                if self._conn is None or self._conn.closed:
+                    await self._connect()
+                    rejoined = await self._register()
+                else:
+                    cursor = await self._conn.execute(Q["heartbeat"], {"id": self.worker_id})
+                    if await cursor.fetchone() is None:
+                        await self._lost("declared dead by an executor (heartbeat older than its bound)")
+                        rejoined = await self._register()
+            self.last_ok = time.monotonic()
+        except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
+            await self._drop_connection()
+            silent = time.monotonic() - self.last_ok
+            log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
+                        silent_for=round(silent, 1))  # fmt: skip
+            if silent > self._cfg.self_fence_after and not self.fenced:
+                await self._lost(f"no heartbeat for {silent:.0f}s (database unreachable or loop blocked)")
+            return
+        if rejoined or self.fenced:
+            self.fenced = False
+            await self._on_rejoined()
+            log.info("worker rejoined", worker=self.name, worker_id=self.worker_id)
+        self.accepting.set()
+
+    async def _lost(self, reason: str) -> None:
+        self.accepting.clear()
+        if self.fenced:
+            return
+        self.fenced = True
+        log.error("worker lost its standing; stopping its executions", worker=self.name, reason=reason)
+        await self._on_lost(reason)
+
+    async def _connect(self) -> None:
+        bound = self._cfg.staleness
+        idle = max(1, math.floor(self._cfg.heartbeat_interval))
+        interval = max(1, math.floor(idle / 2))
+        count = max(1, math.ceil((bound - idle) / interval))
+        kwargs = conninfo_kwargs(self._schema, "conveyor-worker-liveness")
+        kwargs.update(keepalives_idle=idle, keepalives_interval=interval, keepalives_count=count,
+                      tcp_user_timeout=int(bound * 1000), connect_timeout=max(2, idle))  # fmt: skip
+        conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=dict_row, **kwargs)
+        await conn.execute(
+            Q["session_keepalives"],
+            {
+                "idle": str(idle),
+                "interval": str(interval),
+                "count": str(count),
+                "user_timeout_ms": str(int(bound * 1000)),
+            },
+        )
+        self._conn = conn
+
+    async def _register(self) -> bool:
+        """Take the row and the lock in one transaction. Returns True when this rejoins an
+        existing registration (after a lost connection or being declared dead)."""
+        assert self._conn is not None
+        async with self._conn.transaction():
+            previous = await (await self._conn.execute(Q["worker_by_name"], {"name": self.name})).fetchone()
+            row = await (await self._conn.execute(Q["register_worker"], self._registration)).fetchone()
+            assert row is not None
+            locked = await (await self._conn.execute(Q["acquire_worker_lock"], {"id": row["id"]})).fetchone()
+            taken = bool(locked and locked["locked"])
+            if not taken:
+                raise psycopg.Rollback()  # leave the holder's row as it was
+        if not taken:
+            raise NameInUseError(
+                f"worker name {self.name!r} is held by a live worker process (its liveness lock is taken); "
+                "give this worker another --name, or stop the other one"
+            )
+        if previous is not None and previous["status"] == "inactive" and self.worker_id is not None:
+            # Our row was marked dead while we were away: whatever we still run was recovered.
+            await self._lost("declared dead while disconnected")
+        rejoin = self.worker_id is not None
+        self.worker_id = int(row["id"])
+        return rejoin
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error):  # already broken: nothing to close cleanly
+                await conn.close()

@@ -1,0 +1,101 @@
+"""Recording results: batched, fenced writes of what the worker's executions produced.
+
+A result waits in memory until it is written; the row stays ``running`` meanwhile,
+which recovery (not this writer) arbitrates if the worker is gone too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.store.queries import Q
+from conveyor.transport.base import Topic, Transport
+
+log = structlog.get_logger(__name__)
+
+# Completions are written in batches of at most this many rows per statement.
+_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    execution_id: int
+    attempt: int
+    status: str  # the execution's next status: an outcome, or requested for a retry
+    outcome: str  # how this attempt ended: completed, failed, timeout
+    delay: float | None  # retry backoff in seconds when status is requested
+    result: dict[str, Any]
+    error: str | None
+
+
+class ResultWriter:
+    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, worker: str) -> None:
+        self._pool = pool
+        self._transport = transport
+        self._worker = worker
+        self.worker_id: int | None = None
+        self._queue: asyncio.Queue[Finished] = asyncio.Queue()
+
+    def put(self, finished: Finished) -> None:
+        self._queue.put_nowait(finished)
+
+    async def flushed(self, within: float) -> bool:
+        """Wait until everything queued is written; False if that took longer than ``within`` seconds."""
+        try:
+            async with asyncio.timeout(within):
+                await self._queue.join()
+        except TimeoutError:
+            log.error("results not written before exit; recovery will re-run those executions",
+                      pending=self._queue.qsize(), worker=self._worker)  # fmt: skip
+            return False
+        return True
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < _BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._write(batch)
+            for _ in batch:
+                self._queue.task_done()
+
+    async def _write(self, batch: list[Finished]) -> None:
+        delay = 0.1
+        ids = [f.execution_id for f in batch]
+        params = {
+            "ids": ids,
+            "attempts": [f.attempt for f in batch],
+            "statuses": [f.status for f in batch],
+            "outcomes": [f.outcome for f in batch],
+            "delays": [f.delay for f in batch],
+            "results": [Jsonb(f.result) for f in batch],
+            "errors": [f.error for f in batch],
+        }
+        while True:
+            try:
+                # Pipelined: the update and its wake-ups go in one round trip with the
+                # commit. The wake-up names every id of the batch; waiters re-read rows.
+                async with self._pool.connection() as conn, conn.pipeline():
+                    async with conn.transaction():
+                        cursor = await conn.execute(Q["finish"], {**params, "worker": self.worker_id})
+                        await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ids)
+                        await self._transport.publish(conn, Topic.CAPACITY)
+                        if any(f.status == "requested" for f in batch):
+                            await self._transport.publish(conn, Topic.REQUESTED)
+                    written = {r["id"] for r in await cursor.fetchall()}
+                break
+            except psycopg.OperationalError as exc:
+                log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        for f in batch:
+            if f.execution_id not in written:
+                log.warning("late result refused: the execution moved on without this attempt",
+                            execution_id=f.execution_id, attempt=f.attempt, worker=self._worker)  # fmt: skip
