@@ -161,6 +161,23 @@ class Client:
     def workers(self) -> list[WorkerInfo]:
         return [WorkerInfo(**r) for r in self.conn.execute(Q["list_workers"]).fetchall()]
 
+    def cordon(self, name: str, cordoned: bool = True) -> int:
+        row = self.conn.execute(Q["set_cordon"], {"name": name, "cordoned": cordoned}).fetchone()
+        if row is None:
+            raise ConveyorError(f"no worker named {name!r}")
+        return int(row["id"])
+
+    def drain(self, name: str) -> int:
+        """Cordon the worker and hand its not-yet-started work to others; what it runs
+        finishes there. Returns how many executions were handed back."""
+        with self.conn.transaction():
+            worker_id = self.cordon(name)
+            self.conn.execute(Q["lock_assignment"])  # no dispatch to it can slip in after this
+            back = self.conn.execute(Q["hand_back_scheduled"], {"worker": worker_id}).fetchall()
+            if back:
+                self.conn.execute("SELECT pg_notify(%s, '')", (f"{self.schema}.requested",))
+        return len(back)
+
     def actions(self) -> list[dict[str, Any]]:
         return list(self.conn.execute(Q["list_actions"]).fetchall())
 

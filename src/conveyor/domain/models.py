@@ -59,6 +59,8 @@ class WorkerInfo:
     heartbeat_age: float | None
     created: datetime
     updated: datetime
+    cordoned: bool = False
+    stale_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

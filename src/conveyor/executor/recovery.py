@@ -66,9 +66,12 @@ class Recovery:
                 await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
         for w in dead:
             age = w["heartbeat_age"]
-            reason = "liveness lock released (process gone)" if w["lock_lost"] else "heartbeat is stale"
+            if w["lock_lost"]:
+                reason = f"liveness lock released: process gone (last heartbeat {age:.1f}s ago)"
+            else:
+                reason = f"heartbeat is stale ({age:.0f}s old)" if age is not None else "never sent a heartbeat"
             log.warning(
-                f"Worker {w['name']} (ID: {w['id']}) {reason} ({age:.0f}s old), marking as inactive",
+                f"Worker {w['name']} (ID: {w['id']}) {reason}, marking as inactive",
                 worker=w["name"], worker_id=w["id"], heartbeat_age=round(age, 3) if age is not None else None,
             )  # fmt: skip
         if dead:

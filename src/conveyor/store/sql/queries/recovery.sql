@@ -31,7 +31,7 @@ RETURNING w.id, w.name,
 WITH back AS (
     SELECT e.id, e.attempt, e.worker FROM execution e LEFT JOIN worker w ON w.id = e.worker
     WHERE e.status = 'scheduled'
-      AND (e.worker = %(worker)s OR (%(worker)s::bigint IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
+      AND (e.worker = %(worker)s::bigint OR (%(worker)s::bigint IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
     ORDER BY e.id
     FOR UPDATE OF e SKIP LOCKED
 ), withdrawn AS (
@@ -75,10 +75,10 @@ WITH d AS (
         ended = CASE WHEN d.status = 'requested' THEN NULL ELSE now() END,
         not_before = CASE WHEN d.delay IS NULL THEN NULL ELSE now() + make_interval(secs => d.delay) END,
         result = CASE WHEN d.status = 'requested' THEN e.result
-                      ELSE jsonb_build_object('succeeded', false, 'error', d.error, 'failed_by', %(by)s) END
+                      ELSE jsonb_build_object('succeeded', false, 'error', d.error, 'failed_by', %(by)s::text) END
     FROM d
     WHERE e.id = d.id AND e.attempt = d.attempt AND e.status = ANY(%(from_statuses)s::text[])
-      AND (%(worker)s::bigint IS NULL OR e.worker = %(worker)s)
+      AND (%(worker)s::bigint IS NULL OR e.worker = %(worker)s::bigint)
     RETURNING e.id, e.attempt, e.status
 ), closed AS (
     UPDATE execution_attempt t SET ended = now(), outcome = %(outcome)s, error = d.error
@@ -100,3 +100,8 @@ WHERE e.status = 'scheduled'
         secs => coalesce((a.metadata ->> 'scheduled_timeout')::float8, %(default_timeout)s))
 ORDER BY e.id
 FOR UPDATE OF e SKIP LOCKED;
+
+-- name: set_cordon
+-- Cordon (true) or uncordon (false) a worker by name; a cordoned worker keeps what it
+-- runs but is given nothing new.
+UPDATE worker SET cordoned = %(cordoned)s WHERE name = %(name)s RETURNING id, status;
