@@ -13,9 +13,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from conveyor.domain.models import ActionResult
@@ -61,6 +64,9 @@ class _Capture(asyncio.SubprocessProtocol):
 
     def text(self, fd: int) -> str:
         return self.output[fd].decode("utf-8", errors="replace")
+
+
+_GUARD = str(Path(__file__).with_name("guard.py"))
 
 
 def _argv(metadata: dict[str, Any], parameters: dict[str, Any]) -> list[str]:
@@ -135,6 +141,10 @@ async def run_subprocess(
     feed_json = metadata.get("stdin", "json") == "json"
     stdin_data = json.dumps(parameters).encode() if feed_json else b""
 
+    if sys.platform == "linux" and shutil.which(argv[0]):
+        # Started through the group guard: if the worker dies (SIGKILL, OOM), its whole
+        # process group is killed, since the execution is recovered elsewhere.
+        argv = [sys.executable, "-I", _GUARD, *argv]
     loop = asyncio.get_running_loop()
     try:
         transport, capture = await loop.subprocess_exec(
