@@ -117,7 +117,7 @@ async def serve(
                 if settings.health.port is not None:
 
                     def readiness() -> dict[str, bool]:
-                        return {"transport": ready.is_set(), **({"worker": worker.ready} if worker else {})}
+                        return {"transport": transport.connected, **({"worker": worker.ready} if worker else {})}
 
                     health = tg.create_task(HealthServer(settings.health, pool, readiness).run(), name="health")
                 await ready.wait()
@@ -134,14 +134,19 @@ async def serve(
                     health.cancel()
     finally:
         await pool.close()
-    _exit_if_actions_linger()
 
 
-def _exit_if_actions_linger() -> None:
+def exit_if_actions_linger() -> None:
     """A sync Python action cannot be interrupted; its execution has been released (and
     may run elsewhere), so its thread must not keep running here: end the process now
-    instead of letting the interpreter wait for it at exit."""
-    lingering = [t for t in threading.enumerate() if t.name.startswith("conveyor-action") and t.is_alive()]
+    instead of letting the interpreter wait for it at exit. Called last, after
+    everything else (the embedded database included) is stopped."""
+    lingering = []
+    for thread in threading.enumerate():
+        if thread.name.startswith("conveyor-action"):
+            thread.join(timeout=0.5)  # idle pool threads leave promptly; busy ones do not
+            if thread.is_alive():
+                lingering.append(thread)
     if lingering:
         log.warning("exiting with action threads still running; they stop with the process", threads=len(lingering))
         sys.stdout.flush()

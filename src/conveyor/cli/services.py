@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from conveyor import embedded
-from conveyor.app import prepare_database, serve
+from conveyor.app import exit_if_actions_linger, prepare_database, serve
 from conveyor.cli.context import console, err_console, state
 from conveyor.config import Settings
 from conveyor.logs import configure
@@ -38,10 +38,12 @@ def up(imports: Imports = None) -> None:
     settings = state.loaded.settings
     if settings.database.url:
         _run(settings, settings.database.url, executor=True, worker=True, imports=imports or [], banner=True)
+        exit_if_actions_linger()
         return
     err_console.print(f"starting the embedded PostgreSQL in {embedded.data_dir(settings)} ...")
     with embedded.running_server(settings) as url:
         _run(settings, url, executor=True, worker=True, imports=imports or [], banner=True)
+    exit_if_actions_linger()
 
 
 def executor() -> None:
@@ -62,6 +64,7 @@ def worker(
     if concurrency:
         settings.worker.max_concurrent_tasks = concurrency
     _run(settings, embedded.resolve_url(settings), executor=False, worker=True, imports=imports or [])
+    exit_if_actions_linger()
 
 
 def migrate() -> None:

@@ -55,6 +55,9 @@ class Doorbell:
 class Transport(ABC):
     """Publishing (inside the caller's transaction) and subscribing (doorbells)."""
 
+    # True while subscriptions are live (readiness reports it).
+    connected: bool = False
+
     @abstractmethod
     async def publish(
         self,

@@ -81,6 +81,7 @@ class PostgresTransport(Transport):
                     for name in self._bells:
                         await conn.execute(listen_statement(name))
                     delay = 0.1
+                    self.connected = True
                     ready.set()
                     # Anything published while we were not listening is found by
                     # the consumers' next read: wake them all now.
@@ -89,6 +90,7 @@ class PostgresTransport(Transport):
                         for bell in self._bells.get(note.channel, ()):
                             bell.ring(note.payload)
             except psycopg.OperationalError as exc:
+                self.connected = False
                 log.warning("listener connection lost; reconnecting", error=str(exc).strip())
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

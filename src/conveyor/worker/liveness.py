@@ -11,11 +11,18 @@ signals from it:
   both ends of this connection make the server drop a vanished host's session after
   about that same bound.
 
-From the worker's side: a heartbeat that finds its row ``inactive`` means an executor
-declared it dead and is recovering its work, so it stops that work (``on_lost``) and
-rejoins. A worker that cannot heartbeat for ``self_fence_after`` -- one interval less
-than the bound the executors use -- stops its work on its own before anyone runs it
-elsewhere, and rejoins once the database answers again (``on_rejoined``).
+From the worker's side, it stops everything it runs (``on_lost``) and later rejoins
+(``on_rejoined``) when:
+
+- a heartbeat finds its row ``inactive``: an executor declared it dead and is
+  recovering its work;
+- its session is dropped while the server stays up (same ``pg_postmaster_start_time()``
+  after reconnecting): the executors see the lock gone and recover its work within a
+  sweep. Between beats the worker waits *on* this connection, so it notices at once.
+  After a server restart every lock is gone but the executors only go by heartbeats,
+  so the work carries on;
+- it could not heartbeat for ``self_fence_after`` (one interval less than the bound
+  the executors use), checked by a watchdog on its own clock.
 """
 
 from __future__ import annotations
@@ -56,14 +63,16 @@ class Liveness:
         self._url = url
         self._schema = schema
         self._cfg = cfg
-        self._registration = {**registration, "stale_after": cfg.staleness}
+        self._registration = {**registration, "stale_after": cfg.staleness, "status": "active"}
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
         self.worker_id: int | None = None
+        self.lock_epoch: Any = None  # the server start time our lock was taken under
         self.last_ok = time.monotonic()
         self.fenced = False
-        # Set while the worker may claim work: registered, lock held, not fenced.
+        self.draining = False
+        # Set while the worker may claim work: registered, lock held, not fenced, not draining.
         self.accepting = asyncio.Event()
 
     @property
@@ -78,10 +87,17 @@ class Liveness:
         return self.worker_id
 
     async def run(self) -> None:
-        """Heartbeat until cancelled."""
-        while True:
-            await asyncio.sleep(self._cfg.heartbeat_interval)
-            await self._tick()
+        """Heartbeat until cancelled, with the self-fencing watchdog beside it."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watchdog(), name="worker-liveness-watchdog")
+            await self._beat_loop()
+
+    async def drain(self) -> None:
+        """Shutdown has begun: take no work, and say so in the row (kept on reconnect)."""
+        self.draining = True
+        self.accepting.clear()
+        self._registration["status"] = "draining"
+        await self.set_status("draining")
 
     async def close(self, status: str) -> None:
         """Record the final status; closing the connection releases the lock."""
@@ -105,32 +121,68 @@ class Liveness:
 
     # -- internals --------------------------------------------------------------------
 
-    async def _tick(self) -> None:
-        rejoined = False
-        try:
-            async with asyncio.timeout(self._cfg.heartbeat_interval):
-                if self._conn is None or self._conn.closed:
-                    await self._connect()
-                    rejoined = await self._register()
-                else:
-                    cursor = await self._conn.execute(Q["heartbeat"], {"id": self.worker_id})
-                    if await cursor.fetchone() is None:
-                        await self._lost("declared dead by an executor (heartbeat older than its bound)")
-                        rejoined = await self._register()
-            self.last_ok = time.monotonic()
-        except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
-            await self._drop_connection()
+    async def _watchdog(self) -> None:
+        """Self-fencing on the worker's own clock, however long a heartbeat attempt blocks."""
+        period = min(0.25, self._cfg.heartbeat_interval / 4)
+        while True:
+            await asyncio.sleep(period)
             silent = time.monotonic() - self.last_ok
-            log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
-                        silent_for=round(silent, 1))  # fmt: skip
             if silent > self._cfg.self_fence_after and not self.fenced:
-                await self._lost(f"no heartbeat for {silent:.0f}s (database unreachable or loop blocked)")
-            return
-        if rejoined or self.fenced:
+                await self._lost(f"no heartbeat for {silent:.1f}s (database unreachable or loop blocked)")
+
+    async def _beat_loop(self) -> None:
+        interval = self._cfg.heartbeat_interval
+        next_beat = time.monotonic() + interval
+        while True:
+            try:
+                if self._conn is None or self._conn.closed:
+                    await self._reconnect()
+                # Wait for the next beat on the connection itself: a session the server
+                # drops raises here at once instead of at the next heartbeat.
+                assert self._conn is not None
+                remaining = next_beat - time.monotonic()
+                if remaining > 0:
+                    async for _ in self._conn.notifies(timeout=remaining):
+                        pass
+                next_beat = time.monotonic() + interval
+                async with asyncio.timeout(interval):
+                    row = await (await self._conn.execute(Q["heartbeat"], {"id": self.worker_id})).fetchone()
+                    if row is None:
+                        await self._lost("declared dead by an executor (heartbeat older than its bound)")
+                        await self._register()
+                self.last_ok = time.monotonic()
+                await self._resume()
+            except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
+                await self._drop_connection()
+                log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
+                            silent_for=round(time.monotonic() - self.last_ok, 1))  # fmt: skip
+                await asyncio.sleep(min(1.0, interval))  # reconnect soon, not a whole interval later
+
+    async def _reconnect(self) -> None:
+        async with asyncio.timeout(self._cfg.heartbeat_interval):
+            await self._connect()
+            assert self._conn is not None
+            row = await (await self._conn.execute("SELECT pg_postmaster_start_time() AS epoch")).fetchone()
+            if row is not None and row["epoch"] == self.lock_epoch:
+                # Same server, new session: our lock was gone, and the executors may be
+                # recovering our work already.
+                await self._lost("liveness session was dropped while the server stayed up")
+            await self._register()
+        self.last_ok = time.monotonic()
+        await self._resume()
+
+    async def _resume(self) -> None:
+        """After a successful beat: rejoin if fenced, and take work again unless draining."""
+        if self.fenced:
+            try:
+                await self._on_rejoined()
+            except psycopg.Error as exc:
+                log.warning("cannot release stopped executions yet", error=str(exc).strip())
+                return
             self.fenced = False
-            await self._on_rejoined()
             log.info("worker rejoined", worker=self.name, worker_id=self.worker_id)
-        self.accepting.set()
+        if not self.draining:
+            self.accepting.set()
 
     async def _lost(self, reason: str) -> None:
         self.accepting.clear()
@@ -160,10 +212,10 @@ class Liveness:
         )
         self._conn = conn
 
-    async def _register(self) -> bool:
-        """Take the row and the lock in one transaction. Returns True when this rejoins an
-        existing registration (after a lost connection or being declared dead)."""
+    async def _register(self) -> None:
+        """Take the row and the lock in one transaction."""
         assert self._conn is not None
+        orphans: list[dict[str, Any]] = []
         async with self._conn.transaction():
             previous = await (await self._conn.execute(Q["worker_by_name"], {"name": self.name})).fetchone()
             row = await (await self._conn.execute(Q["register_worker"], self._registration)).fetchone()
@@ -172,6 +224,11 @@ class Liveness:
             taken = bool(locked and locked["locked"])
             if not taken:
                 raise psycopg.Rollback()  # leave the holder's row as it was
+            if self.worker_id is None:  # this process's first registration: it runs nothing yet
+                orphans = await (await self._conn.execute(Q["detach_orphaned_runs"], {"id": row["id"]})).fetchall()
+        if orphans:
+            log.warning("executions of a previous process under this worker name left for recovery",
+                        worker=self.name, execution_ids=[o["id"] for o in orphans])  # fmt: skip
         if not taken:
             raise NameInUseError(
                 f"worker name {self.name!r} is held by a live worker process (its liveness lock is taken); "
@@ -180,9 +237,8 @@ class Liveness:
         if previous is not None and previous["status"] == "inactive" and self.worker_id is not None:
             # Our row was marked dead while we were away: whatever we still run was recovered.
             await self._lost("declared dead while disconnected")
-        rejoin = self.worker_id is not None
         self.worker_id = int(row["id"])
-        return rejoin
+        self.lock_epoch = row["lock_epoch"]
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

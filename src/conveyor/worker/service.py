@@ -64,8 +64,9 @@ class WorkerService:
         )
         # execution id -> (attempt, task) for everything this worker runs now.
         self._running: dict[int, tuple[int, asyncio.Task[None]]] = {}
-        # Executions stopped without a result (attempt known), to release when the database answers.
-        self._to_release: dict[int, int] = {}
+        # Executions stopped without a result: id -> (attempt, action metadata), to release
+        # when the database answers.
+        self._to_release: dict[int, tuple[int, dict[str, Any]]] = {}
         self._results = ResultWriter(pool, transport, self.name)
         self._bell = Doorbell()
         self._liveness = Liveness(
@@ -83,8 +84,9 @@ class WorkerService:
                 "version": conveyor.__version__,
             },
             on_lost=self._stop_everything,
-            on_rejoined=self._release_stopped,
+            on_rejoined=self._detach_stopped,
         )
+        self._on_worker_lost = settings.recovery.on_worker_lost
 
     @property
     def worker_id(self) -> int | None:
@@ -165,7 +167,7 @@ class WorkerService:
         try:
             result = await self._run_action(row)
         except asyncio.CancelledError:
-            self._to_release[eid] = attempt
+            self._to_release[eid] = (attempt, row["metadata"] or {})
             bound.warning("execution stopped on this worker")
             raise
         finally:
@@ -205,28 +207,44 @@ class WorkerService:
             await asyncio.gather(*tasks, return_exceptions=True)
             log.warning("stopped executions", count=len(tasks), reason=reason, worker=self.name)
 
-    async def _release_stopped(self, outcome: str = "worker_lost", error: str = "worker lost") -> None:
-        """running -> requested for executions this worker stopped, fenced on (worker, attempt)."""
+    async def _detach_stopped(self) -> None:
+        """After losing its standing: hand the stopped executions to the executors' sweep,
+        which applies the lost-worker policy (re-run with backoff, or abandon)."""
+        if not self._to_release:
+            return
+        ids = list(self._to_release)
+        params = {"ids": ids, "attempts": [self._to_release[i][0] for i in ids], "worker": self.worker_id}
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(Q["detach_runs"], params)).fetchall()
+        self._to_release.clear()
+        log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
+
+    async def _release_interrupted(self) -> None:
+        """At shutdown: running -> requested for what was stopped (outcome interrupted), or
+        abandoned for actions that must not run twice; fenced on (worker, attempt)."""
         if not self._to_release:
             return
         decisions = Decisions()
-        for eid, attempt in self._to_release.items():
-            decisions.add({"id": eid, "attempt": attempt}, "requested", None, error)
-        params = decisions.params(worker=self.worker_id, outcome=outcome, by="worker", from_statuses=["running"])
+        for eid, (attempt, metadata) in self._to_release.items():
+            abandon = metadata.get("on_worker_lost", self._on_worker_lost) == "abandon"
+            status = "abandoned" if abandon else "requested"
+            decisions.add({"id": eid, "attempt": attempt}, status, None, "worker shut down")
+        params = decisions.params(worker=self.worker_id, outcome="interrupted", by="worker", from_statuses=["running"])
         async with self._pool.connection() as conn, conn.transaction():
             rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
-            if rows:
-                await self._transport.publish(conn, Topic.REQUESTED)
+            await self._transport.publish(conn, Topic.REQUESTED)
+            ended = [r["id"] for r in rows if r["status"] != "requested"]
+            if ended:
+                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
         self._to_release.clear()
-        log.warning("released stopped executions for another attempt", count=len(rows), outcome=outcome)
+        log.warning("released interrupted executions", count=len(rows), abandoned=len(ended))
 
     # -- shutdown ---------------------------------------------------------------------
 
     async def _drain(self, fast_stop: asyncio.Event) -> None:
         """Graceful part of shutdown: no new work, hand back what has not started,
         give running work ``shutdown_timeout`` to finish, then stop and release it."""
-        self._liveness.accepting.clear()
-        await self._liveness.set_status("draining")
+        await self._liveness.drain()
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
@@ -248,7 +266,7 @@ class WorkerService:
             fast.cancel()
         await self._stop_everything("shutdown")
         try:
-            await self._release_stopped(outcome="interrupted", error="worker shut down")
+            await self._release_interrupted()
         except psycopg.OperationalError as exc:
             log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
 

@@ -119,7 +119,7 @@ WITH failing AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
 )
 UPDATE execution e
-SET status = 'failed', ended = now(),
+SET status = 'failed', ended = now(), not_before = NULL,
     result = jsonb_build_object('succeeded', false, 'error', failing.error,
                                 'failed_by', 'scheduler')
 FROM failing

@@ -8,17 +8,27 @@ SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
 -- means a dead worker or a restarted server.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
                     host, pid, version, stale_after, lock_epoch, last_heartbeat)
-VALUES (%(name)s, 'action', 'active', %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
+VALUES (%(name)s, 'action', %(status)s, %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
         %(host)s, %(pid)s, %(version)s, %(stale_after)s, pg_postmaster_start_time(), now())
 ON CONFLICT (name) DO UPDATE
-SET status = 'active', runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
+SET status = EXCLUDED.status, runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
     pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
     lock_epoch = pg_postmaster_start_time(), last_heartbeat = now()
-RETURNING id;
+RETURNING id, lock_epoch;
 
 -- name: acquire_worker_lock
 SELECT acquire_worker_lock(%(id)s) AS locked;
+
+-- name: detach_orphaned_runs
+-- A process that has just started runs nothing yet: whatever still runs (or is being
+-- cancelled) on the worker row it takes over belongs to a predecessor that died before
+-- an executor swept it (restarted under the same name). Detached from the row -- which
+-- is alive again -- the sweep recovers it per the lost-worker policy; the predecessor's
+-- late writes are refused (fenced on the worker).
+UPDATE execution SET worker = NULL
+WHERE worker = %(id)s AND status IN ('running', 'canceling')
+RETURNING id, attempt;
 
 -- name: session_keepalives
 -- Server side of the liveness connection: drop the session (and so the lock) when
@@ -94,3 +104,14 @@ WITH done AS (
     FROM finished WHERE t.execution = finished.id AND t.attempt = finished.attempt
 )
 SELECT id FROM finished;
+
+-- name: detach_runs
+-- Executions this worker stopped because it lost its standing, detached from it
+-- (fenced on worker and attempt) so that an executor's sweep applies the lost-worker
+-- policy to them, as for any lost worker.
+WITH d AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt))
+UPDATE execution e SET worker = NULL
+FROM d
+WHERE e.id = d.id AND e.attempt = d.attempt AND e.worker = %(worker)s
+  AND e.status IN ('running', 'canceling')
+RETURNING e.id;
