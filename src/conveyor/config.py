@@ -59,6 +59,13 @@ class WorkerSettings(_Section):
     heartbeat_staleness_multiplier: float = Field(
         3, ge=1, description="a worker is stale after heartbeat_interval x this"
     )
+    lock_grace: float = Field(
+        0.25,
+        ge=0,
+        le=30,
+        description="seconds to re-take the liveness lock after the session dropped, "
+        "before executors declare the worker dead",
+    )
     max_concurrent_tasks: int = Field(10, ge=1, description="executions run at once")
     shutdown_timeout: float = Field(30, ge=0, description="seconds SIGTERM waits for running work")
     poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
@@ -81,7 +88,7 @@ class WorkerSettings(_Section):
 
 
 class RecoverySettings(_Section):
-    sweep_interval: float = Field(1.0, gt=0, description="seconds between dead-worker sweeps on each executor")
+    sweep_interval: float = Field(0.5, gt=0, description="seconds between dead-worker sweeps on each executor")
     on_worker_lost: Literal["retry", "abandon"] = Field(
         "retry", description="a running execution whose worker died: run it again, or abandon it"
     )

@@ -44,6 +44,7 @@ class Recovery:
         async with self._pool.connection() as conn, conn.transaction():
             if not (await (await conn.execute(Q["lock_sweep"])).fetchone() or {}).get("locked"):
                 return {}
+            await conn.execute(Q["note_lost_locks"])
             dead = await (await conn.execute(Q["deactivate_dead_workers"])).fetchall()
             back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": None})).fetchall()
             lost = await (await conn.execute(Q["lost_running"])).fetchall()

@@ -16,11 +16,11 @@ From the worker's side, it stops everything it runs (``on_lost``) and later rejo
 
 - a heartbeat finds its row ``inactive``: an executor declared it dead and is
   recovering its work;
-- its session is dropped while the server stays up (same ``pg_postmaster_start_time()``
-  after reconnecting): the executors see the lock gone and recover its work within a
-  sweep. Between beats the worker waits *on* this connection, so it notices at once.
-  After a server restart every lock is gone but the executors only go by heartbeats,
-  so the work carries on;
+- its session is dropped while the server stays up and it cannot take its lock again
+  within ``lock_grace`` (executors declare it dead once the lock has been missing that
+  long). Between beats the worker waits *on* this connection, so it notices a dropped
+  session at once and reconnects at once. After a server restart every lock is gone
+  but the executors only go by heartbeats, so the work carries on;
 - it could not heartbeat for ``self_fence_after`` (one interval less than the bound
   the executors use), checked by a watchdog on its own clock.
 """
@@ -63,7 +63,12 @@ class Liveness:
         self._url = url
         self._schema = schema
         self._cfg = cfg
-        self._registration = {**registration, "stale_after": cfg.staleness, "status": "active"}
+        self._registration = {
+            **registration,
+            "stale_after": cfg.staleness,
+            "lock_grace": cfg.lock_grace,
+            "status": "active",
+        }
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
@@ -133,6 +138,7 @@ class Liveness:
     async def _beat_loop(self) -> None:
         interval = self._cfg.heartbeat_interval
         next_beat = time.monotonic() + interval
+        failures = 0
         while True:
             try:
                 if self._conn is None or self._conn.closed:
@@ -151,22 +157,37 @@ class Liveness:
                         await self._lost("declared dead by an executor (heartbeat older than its bound)")
                         await self._register()
                 self.last_ok = time.monotonic()
+                failures = 0
                 await self._resume()
             except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
                 await self._drop_connection()
+                failures += 1
                 log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
                             silent_for=round(time.monotonic() - self.last_ok, 1))  # fmt: skip
-                await asyncio.sleep(min(1.0, interval))  # reconnect soon, not a whole interval later
+                if failures == 1:
+                    await self._reconnect_within_grace()
+                else:
+                    await asyncio.sleep(min(1.0, interval))
+
+    async def _reconnect_within_grace(self) -> None:
+        """Our session is gone. If the server merely dropped it, executors declare us dead
+        once our lock has been missing for lock_grace: take it again before that, or stop
+        our work -- it is about to run elsewhere."""
+        try:
+            async with asyncio.timeout(max(self._cfg.lock_grace, 0.05)):
+                await self._connect()
+                await self._register()
+        except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
+            await self._drop_connection()
+            await self._lost(f"could not re-take the liveness lock within {self._cfg.lock_grace:g}s ({exc})")
+            return
+        self.last_ok = time.monotonic()
+        log.info("liveness session re-established", worker=self.name, worker_id=self.worker_id)
+        await self._resume()
 
     async def _reconnect(self) -> None:
         async with asyncio.timeout(self._cfg.heartbeat_interval):
             await self._connect()
-            assert self._conn is not None
-            row = await (await self._conn.execute("SELECT pg_postmaster_start_time() AS epoch")).fetchone()
-            if row is not None and row["epoch"] == self.lock_epoch:
-                # Same server, new session: our lock was gone, and the executors may be
-                # recovering our work already.
-                await self._lost("liveness session was dropped while the server stayed up")
             await self._register()
         self.last_ok = time.monotonic()
         await self._resume()

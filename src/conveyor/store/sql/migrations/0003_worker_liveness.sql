@@ -10,6 +10,12 @@ ALTER TABLE worker ADD COLUMN cordoned boolean NOT NULL DEFAULT false;
 -- (the process, or its host, is gone); after a server restart every lock is missing
 -- and only heartbeat staleness can tell.
 ALTER TABLE worker ADD COLUMN lock_epoch timestamptz;
+-- When an executor first found the lock missing. The worker has lock_grace seconds
+-- (its own setting) to take it again -- its session may have been dropped while the
+-- process lives (pg_terminate_backend, idle_session_timeout, a proxy reset) -- before
+-- it is declared dead.
+ALTER TABLE worker ADD COLUMN lock_lost_at timestamptz;
+ALTER TABLE worker ADD COLUMN lock_grace double precision NOT NULL DEFAULT 0.25 CHECK (lock_grace >= 0);
 
 -- Retry backoff: a requested execution is not claimed before this time.
 ALTER TABLE execution ADD COLUMN not_before timestamptz;

@@ -7,14 +7,15 @@ SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
 -- the server's start time, which tells the executors whether a missing liveness lock
 -- means a dead worker or a restarted server.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
-                    host, pid, version, stale_after, lock_epoch, last_heartbeat)
+                    host, pid, version, stale_after, lock_grace, lock_epoch, lock_lost_at, last_heartbeat)
 VALUES (%(name)s, 'action', %(status)s, %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
-        %(host)s, %(pid)s, %(version)s, %(stale_after)s, pg_postmaster_start_time(), now())
+        %(host)s, %(pid)s, %(version)s, %(stale_after)s, %(lock_grace)s, pg_postmaster_start_time(), NULL, now())
 ON CONFLICT (name) DO UPDATE
 SET status = EXCLUDED.status, runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
     pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
-    lock_epoch = pg_postmaster_start_time(), last_heartbeat = now()
+    lock_grace = EXCLUDED.lock_grace, lock_epoch = pg_postmaster_start_time(), lock_lost_at = NULL,
+    last_heartbeat = now()
 RETURNING id, lock_epoch;
 
 -- name: acquire_worker_lock
