@@ -24,8 +24,14 @@ KEEPALIVES: Mapping[str, Any] = {
 
 
 def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
+    # Server side: a session whose client vanished mid-transaction (a partition between a
+    # claim and its COMMIT) must not hold its row locks for the kernel's 2 hours.
+    server = (
+        f"-c search_path={schema} -c idle_in_transaction_session_timeout=60s"
+        " -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+    )
     return {
-        "options": f"-c search_path={schema}",
+        "options": server,
         "application_name": application_name,
         **KEEPALIVES,
     }

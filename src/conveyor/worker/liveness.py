@@ -45,6 +45,16 @@ from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
 
+# The server's own refusal of every new connection while it shuts down, starts or
+# recovers (SQLSTATE 57P03, seen only as text on a failed connection). Not "connection
+# refused": that may be our path alone (a proxy, a firewall) while executors reach it.
+_SERVER_RESTARTING = (
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+)
+
 
 class NameInUseError(ConveyorError):
     pass
@@ -179,6 +189,12 @@ class Liveness:
                 await self._register()
         except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
             await self._drop_connection()
+            if isinstance(exc, psycopg.OperationalError) and any(s in str(exc) for s in _SERVER_RESTARTING):
+                # The server itself is going down or coming up, not dropping us alone: no
+                # executor can act on our lock before it is back, and after a restart they
+                # go by heartbeats only. Retry as usual; the watchdog fences if it lasts.
+                log.warning("database restarting; the work carries on", worker=self.name, error=str(exc).strip())
+                return
             await self._lost(f"could not re-take the liveness lock within {self._cfg.lock_grace:g}s ({exc})")
             return
         self.last_ok = time.monotonic()

@@ -42,8 +42,11 @@ class ResultWriter:
         self._worker = worker
         self.worker_id: int | None = None
         self._queue: asyncio.Queue[Finished] = asyncio.Queue()
+        # Executions whose result is queued or being written (their rows are still running).
+        self.pending: set[int] = set()
 
     def put(self, finished: Finished) -> None:
+        self.pending.add(finished.execution_id)
         self._queue.put_nowait(finished)
 
     async def flushed(self, within: float) -> bool:
@@ -63,7 +66,8 @@ class ResultWriter:
             while len(batch) < _BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             await self._write(batch)
-            for _ in batch:
+            for f in batch:
+                self.pending.discard(f.execution_id)
                 self._queue.task_done()
 
     async def _write(self, batch: list[Finished]) -> None:

@@ -68,6 +68,8 @@ class WorkerService:
         # when the database answers.
         self._to_release: dict[int, tuple[int, dict[str, Any]]] = {}
         self._results = ResultWriter(pool, transport, self.name)
+        # A claim failed with the connection: it may have committed all the same.
+        self._claim_in_doubt = False
         self._bell = Doorbell()
         self._liveness = Liveness(
             url,
@@ -139,8 +141,11 @@ class WorkerService:
                 claimed = 0
                 if free > 0 and self._liveness.accepting.is_set():
                     try:
+                        if self._claim_in_doubt:
+                            await self._start_unknown_claims()
                         claimed = await self._claim(free)
                     except psycopg.OperationalError as exc:
+                        self._claim_in_doubt = True
                         log.warning("claim failed; database unreachable", error=str(exc).strip())
                 if claimed and claimed == free:
                     continue
@@ -159,6 +164,21 @@ class WorkerService:
             task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
             self._running[row["id"]] = (row["attempt"], task)
         return len(rows)
+
+    async def _start_unknown_claims(self) -> None:
+        """After a claim whose commit went unanswered, before any other claim: rows it did
+        move to running on this worker would stay there (the worker is alive, so recovery
+        leaves them). Nothing ran them: run them now, under the attempt they were claimed for."""
+        known = [*self._running, *self._to_release, *self._results.pending]
+        async with self._pool.connection() as conn:
+            params = {"worker": self.worker_id, "known": known}
+            rows = await (await conn.execute(Q["unknown_claims"], params)).fetchall()
+        self._claim_in_doubt = False
+        for row in rows:
+            task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
+            self._running[row["id"]] = (row["attempt"], task)
+        if rows:
+            log.warning("started executions whose claim went unanswered", execution_ids=[r["id"] for r in rows])
 
     async def _execute(self, row: dict[str, Any]) -> None:
         eid, attempt, ref = row["id"], row["attempt"], row["action_ref"]

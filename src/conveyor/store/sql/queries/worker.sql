@@ -79,6 +79,14 @@ WITH picked AS (
 SELECT s.id, s.attempt, s.action_ref, s.parameters, a.runner_type, a.metadata
 FROM started s JOIN action a ON a.ref = s.action_ref;
 
+-- name: unknown_claims
+-- Running on this worker but not among what it knows it runs or has results for: a
+-- claim that committed while its answer was lost with the connection. Nothing ran them.
+SELECT e.id, e.attempt, e.action_ref, e.parameters, a.runner_type, a.metadata
+FROM execution e JOIN action a ON a.ref = e.action_ref
+WHERE e.worker = %(worker)s AND e.status = 'running' AND e.id <> ALL(%(known)s::bigint[])
+ORDER BY e.id;
+
 -- name: finish
 -- running -> completed|failed|timeout, or back to requested when the retry policy
 -- asks (after a backoff); fenced by (execution, worker, attempt): a write from an
