@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -104,6 +105,18 @@ def test_up_run_inspect_and_stop(procs: Procs) -> None:
     assert up.wait(10) == 0, up.logs()
     workers = procs.json("workers", "list")
     assert [(w["name"], w["status"]) for w in workers] == [(worker_name, "inactive")]
+
+
+def test_an_idle_worker_stops_promptly_with_default_heartbeats(procs: Procs, env: dict[str, str]) -> None:
+    """SIGTERM is not held up by the liveness connection's wait between heartbeats
+    (10 s by default): draining goes through the pool."""
+    defaults = {k: v for k, v in env.items() if k != "CONVEYOR__WORKER__HEARTBEAT_INTERVAL"}
+    worker = procs.start("worker", "--name", "w-idle", name="worker", env=defaults)
+    worker.wait_for_log("worker registered")
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(8) == 0, worker.logs()
+    assert time.monotonic() - started < 3, worker.logs()
 
 
 # -- 2. a worker that starts after the request ------------------------------------------

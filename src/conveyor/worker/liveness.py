@@ -107,12 +107,13 @@ class Liveness:
             tg.create_task(self._watchdog(), name="worker-liveness-watchdog")
             await self._beat_loop()
 
-    async def drain(self) -> None:
-        """Shutdown has begun: take no work, and say so in the row (kept on reconnect)."""
+    def begin_draining(self) -> None:
+        """Shutdown has begun: take no work, and keep the row draining on any reconnect.
+        (The caller records the status itself, through the pool: this connection spends
+        its time waiting between beats.)"""
         self.draining = True
         self.accepting.clear()
         self._registration["status"] = "draining"
-        await self.set_status("draining")
 
     async def close(self, status: str) -> None:
         """Record the final status; closing the connection releases the lock."""
@@ -124,15 +125,6 @@ class Liveness:
             except (psycopg.OperationalError, TimeoutError) as exc:
                 log.warning("cannot record worker status", status=status, error=str(exc).strip())
             await self._conn.close()
-
-    async def set_status(self, status: str) -> None:
-        if self._conn is None or self._conn.closed:
-            return
-        try:
-            async with asyncio.timeout(self._cfg.heartbeat_interval):
-                await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status})
-        except (psycopg.OperationalError, TimeoutError) as exc:
-            log.warning("cannot record worker status", status=status, error=str(exc).strip())
 
     # -- internals --------------------------------------------------------------------
 

@@ -264,10 +264,11 @@ class WorkerService:
     async def _drain(self, fast_stop: asyncio.Event) -> None:
         """Graceful part of shutdown: no new work, hand back what has not started,
         give running work ``shutdown_timeout`` to finish, then stop and release it."""
-        await self._liveness.drain()
+        self._liveness.begin_draining()
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
+                await conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": "draining"})
                 back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
                 if back:
                     await self._transport.publish(conn, Topic.REQUESTED)
