@@ -51,9 +51,11 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from conveyor.app import prepare_database
 from conveyor.config import ExecutorSettings, RecoverySettings, WorkerSettings
 from conveyor.sdk import Client, request_execution
+
+sys.path.insert(0, str(Path(__file__).parent))
+from core import fresh_database
 
 SCHEMA = "conveyor"
 DATABASE = "conveyor_bench_recovery"
@@ -71,15 +73,6 @@ def load_netns() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses resolve annotations through it
     spec.loader.exec_module(module)
     return module
-
-
-def fresh_database(server_url: str, name: str) -> str:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    prepare_database(url, SCHEMA)
-    return url
 
 
 def connect(url: str) -> psycopg.Connection[dict[str, Any]]:

@@ -8,7 +8,7 @@ of the test); "dying" is a stale heartbeat or a released lock."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,22 +32,7 @@ Pool = AsyncConnectionPool[Any]
 SCHEMA = "conveyor"
 
 # Small helpers in the style of test_scheduler.py (copied, not imported: test modules
-# are not a library).
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    p = make_pool(db_url, SCHEMA, "test", 6)
-    await p.open()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-def transport(db_url: str) -> PostgresTransport:
-    return PostgresTransport(db_url, SCHEMA)
+# are not a library); the pool and transport fixtures are in conftest.py.
 
 
 @pytest.fixture

@@ -4,36 +4,18 @@ real database, without starting any process."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.executor.scheduler import RoundResult, Scheduler
-from conveyor.store.db import make_pool
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    p = make_pool(db_url, "conveyor", "test", 4)
-    await p.open()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-def transport(db_url: str) -> PostgresTransport:
-    return PostgresTransport(db_url, "conveyor")
 
 
 def scheduler(
