@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -109,8 +109,15 @@ class Proc:
     """A long-running ``conveyor`` process with its stdout and stderr in files."""
 
     def __init__(
-        self, args: list[str], env: Mapping[str, str], log_dir: Path, name: str, cwd: str | Path | None = None
+        self,
+        args: list[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        name: str,
+        cwd: str | Path | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
+        """``prefix`` wraps the command (e.g. ``ip netns exec NS``, which execs it: same pid)."""
         self.args = args
         self.name = name
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +125,7 @@ class Proc:
         self.stderr_path = log_dir / f"{name}.stderr"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.popen = subprocess.Popen(
-                [*CONVEYOR, *args],
+                [*prefix, *CONVEYOR, *args],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -34,7 +34,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from acceptance.helpers import CONVEYOR, Proc, Procs, conveyor_env, eventually
+from acceptance.helpers import Proc, Procs, conveyor_env, eventually
 from acceptance.netns import Forwarder, VethNamespace, liveness_keepalive, netns_problem
 from conveyor.app import prepare_database
 from conveyor.sdk import Client, request_execution
@@ -345,26 +345,6 @@ def test_postgres_restart_under_load(
 # -- 2. a partition ---------------------------------------------------------------------------
 
 
-class NsProc(Proc):
-    """A ``conveyor`` process started inside a network namespace."""
-
-    def __init__(self, ns: VethNamespace, args: list[str], env: Mapping[str, str], log_dir: Path, name: str) -> None:
-        self.args = args
-        self.name = name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.stdout_path = log_dir / f"{name}.stdout"
-        self.stderr_path = log_dir / f"{name}.stderr"
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.popen = subprocess.Popen(
-                ns.command(*CONVEYOR, *args),
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-
-
 @pytest.fixture
 def veth() -> Iterator[VethNamespace]:
     problem = netns_problem()
@@ -432,7 +412,8 @@ def _partition_scenario(
         return procs.logs()
 
     executor = procs.start("executor", name="executor", env=env)
-    cut_off = NsProc(veth, ["worker", "--name", "w-ns"], {**env, "DATABASE_URL": ns_url}, tmp_path / "logs", "w-ns")
+    cut_off = Proc(["worker", "--name", "w-ns"], {**env, "DATABASE_URL": ns_url}, tmp_path / "logs", "w-ns",
+                   prefix=veth.command())  # fmt: skip
     procs.started.append(cut_off)
     other = procs.start("worker", "--name", "w-root", name="w-root", env=env)
     executor.wait_for_log("executor started")

@@ -713,9 +713,16 @@ async def test_guarded_recovery_writes_win_once_without_the_sweep_lock(
     second = await psycopg.AsyncConnection.connect(db_url, options=f"-c search_path={SCHEMA}")
     try:
         won = await (await first.execute(Q["resolve_attempts"], params)).fetchall()
+        second_pid = second.info.backend_pid
         blocked = asyncio.ensure_future(second.execute(Q["resolve_attempts"], params))
-        await asyncio.sleep(0.3)
-        assert not blocked.done()  # waiting for the first one's row lock
+        # Poll (with a deadline) until the server shows it waiting on the first one's row lock.
+        deadline = asyncio.get_running_loop().time() + 10
+        while not conn.execute(
+            "SELECT wait_event_type = 'Lock' AS w FROM pg_stat_activity WHERE pid = %s", (second_pid,)
+        ).fetchone()["w"]:
+            assert asyncio.get_running_loop().time() < deadline, "the second update never waited for the lock"
+            await asyncio.sleep(0.02)
+        assert not blocked.done()
         await first.commit()
         lost = await (await blocked).fetchall()
         await second.commit()
