@@ -102,34 +102,22 @@ def pct(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
-    )
-    parser.add_argument("--n", type=int, default=20_000, help="executions in the throughput run")
-    parser.add_argument("--enqueue-batch", type=int, default=5_000, help="rows per enqueue statement")
-    parser.add_argument("--batch-size", type=int, default=500, help="executor.batch_size")
-    parser.add_argument("--concurrency", type=int, default=500, help="worker.max_concurrent_tasks")
-    parser.add_argument("--rate", type=float, default=50.0, help="requests/s in the latency run")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of the latency run")
-    args = parser.parse_args()
-
+def run_once(args: argparse.Namespace, transport: str) -> tuple[float, list[float]]:
+    """One executor + one worker on ``transport``: (throughput, latencies)."""
     url = fresh_database(args.url, "conveyor_bench")
-    with psycopg.connect(url) as conn:
-        settings = {
-            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
-        }
     env = {
         **os.environ,
         "DATABASE_URL": url,
+        "CONVEYOR__TRANSPORT": transport,
         "CONVEYOR__EXECUTOR__BATCH_SIZE": str(args.batch_size),
         "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.concurrency),
         "CONVEYOR__WORKER__NAME": "bench-worker",
         "CONVEYOR__LOG__LEVEL": "warning",
     }
-    logdir = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    prefix = f"bench{os.getpid()}"
+    if transport == "rabbitmq":
+        env |= {"CONVEYOR__MESSAGE_QUEUE__URL": args.amqp_url, "CONVEYOR__MESSAGE_QUEUE__PREFIX": prefix}
+    logdir = Path(tempfile.mkdtemp(prefix=f"conveyor-bench-{transport}-"))
     procs = [start(["executor"], env, logdir), start(["worker"], env, logdir)]
     try:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -142,23 +130,71 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+        if transport == "rabbitmq":
+            delete_broker_objects(args.amqp_url, prefix)
+    print(f"  {transport} logs: {logdir}", file=sys.stderr)
+    return tput, lat
+
+
+def delete_broker_objects(amqp_url: str, prefix: str) -> None:
+    import asyncio
+
+    import aio_pika
+
+    async def clean() -> None:
+        async with await aio_pika.connect(amqp_url) as connection:
+            channel = await connection.channel()
+            for queue in (f"{prefix}.executor.requests", f"{prefix}.dlx.queue", f"{prefix}.worker.1.executions"):
+                await channel.queue_delete(queue)
+            for exchange in (f"{prefix}.executions", f"{prefix}.events", f"{prefix}.dlx"):
+                await channel.exchange_delete(exchange)
+
+    asyncio.run(clean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
+    )
+    parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
+    parser.add_argument("--transport", choices=["postgres", "rabbitmq", "both"], default="both")
+    parser.add_argument("--n", type=int, default=20_000, help="executions in the throughput run")
+    parser.add_argument("--enqueue-batch", type=int, default=5_000, help="rows per enqueue statement")
+    parser.add_argument("--batch-size", type=int, default=500, help="executor.batch_size")
+    parser.add_argument("--concurrency", type=int, default=500, help="worker.max_concurrent_tasks")
+    parser.add_argument("--rate", type=float, default=50.0, help="requests/s in the latency run")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of the latency run")
+    args = parser.parse_args()
+
+    with psycopg.connect(args.url) as conn:
+        settings = {
+            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
+            for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
+        }
+    transports = ["postgres", "rabbitmq"] if args.transport == "both" else [args.transport]
+    results = {t: run_once(args, t) for t in transports}
 
     print("Conveyor core benchmark")
     print(f"  machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("  postgres: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if "rabbitmq" in results:
+        print(f"  rabbitmq: {args.amqp_url.split('@')[-1]}, quorum queues, publisher confirms, outbox relay")
     print(
-        f"  processes: 1 executor + 1 worker, transport postgres, executor.batch_size={args.batch_size}, "
+        f"  processes: 1 executor + 1 worker, executor.batch_size={args.batch_size}, "
         f"worker.max_concurrent_tasks={args.concurrency}"
     )
     print(
-        f"throughput: {args.n} core.noop enqueued in batches of {args.enqueue_batch}: {tput:,.0f} executions/s "
+        f"  throughput: {args.n} core.noop enqueued in batches of {args.enqueue_batch} "
         "(enqueue commit -> last ended, database clock)"
     )
-    print(
-        f"latency: {len(lat)} core.noop at {args.rate:g}/s for {args.seconds:g}s, requested -> started: "
-        f"p50 {pct(lat, 50):.2f} ms, p95 {pct(lat, 95):.2f} ms, p99 {pct(lat, 99):.2f} ms, max {lat[-1]:.2f} ms"
-    )
-    print(f"  logs: {logdir}")
+    print(f"  latency: core.noop at {args.rate:g}/s for {args.seconds:g}s, requested -> started (database clock)")
+    print(f"{'transport':<10} {'executions/s':>13} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for transport, (tput, lat) in results.items():
+        print(
+            f"{transport:<10} {tput:>13,.0f} {pct(lat, 50):>8.2f} {pct(lat, 95):>8.2f} {pct(lat, 99):>8.2f} "
+            f"{lat[-1]:>8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -109,3 +109,85 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[dict[str, object]]]:
 
     with connect_sync(db_url, SCHEMA, autocommit=True) as c:
         yield c
+
+
+# -- RabbitMQ ---------------------------------------------------------------------------
+# One broker for the run; each test gets its own name prefix (so its own exchanges, queues
+# and dead-letter exchange) and has them deleted afterwards.
+
+
+def _amqp_reachable(url: str) -> str | None:
+    import asyncio
+
+    import aio_pika
+
+    async def probe() -> None:
+        connection = await aio_pika.connect(url, timeout=5)
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:  # any failure means: no usable broker
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """The broker at TEST_RABBITMQ_URL, else guest@127.0.0.1:5672; skipped when absent
+    (failed under CI=true)."""
+    url = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    problem = _amqp_reachable(url)
+    if problem:
+        _unavailable(f"no RabbitMQ at {url}: {problem}")
+    return url
+
+
+def delete_broker_objects(url: str, prefix: str, worker_ids: range = range(1, 33)) -> None:
+    """Delete what a test with this prefix may have declared (quorum queues outlive
+    connections)."""
+    import asyncio
+
+    import aio_pika
+
+    from conveyor.transport.messages import Names
+
+    names = Names(prefix, f"{prefix}.dlx")
+
+    async def clean() -> None:
+        connection = await aio_pika.connect(url, timeout=5)
+        async with connection:
+            channel = await connection.channel()
+            for queue in [names.executor_queue, names.dlq, *(names.worker_queue(w) for w in worker_ids)]:
+                await channel.queue_delete(queue)
+            for exchange in (names.executions, names.events, names.dlx):
+                await channel.exchange_delete(exchange)
+
+    asyncio.run(clean())
+
+
+@pytest.fixture
+def mq_prefix(rabbitmq_url: str) -> Iterator[str]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield prefix
+    delete_broker_objects(rabbitmq_url, prefix)
+
+
+@pytest.fixture(params=["postgres", "rabbitmq"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    """Run a test on both transports."""
+    return str(request.param)
+
+
+@pytest.fixture
+def transport_env(transport_kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """Environment for conveyor processes on the parametrized transport."""
+    if transport_kind == "postgres":
+        return {"CONVEYOR__TRANSPORT": "postgres"}
+    url = request.getfixturevalue("rabbitmq_url")
+    prefix = request.getfixturevalue("mq_prefix")
+    return {
+        "CONVEYOR__TRANSPORT": "rabbitmq",
+        "CONVEYOR__MESSAGE_QUEUE__URL": url,
+        "CONVEYOR__MESSAGE_QUEUE__PREFIX": prefix,
+    }

@@ -12,10 +12,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import structlog
+from psycopg_pool import AsyncConnectionPool
 
 from conveyor.actions.core import core
 from conveyor.actions.registry import ActionDefinition, default_registry
@@ -27,7 +29,7 @@ from conveyor.store.db import connect_sync, make_pool
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
 from conveyor.store.rows import action_row
-from conveyor.transport.postgres import PostgresTransport
+from conveyor.transport import make_transport
 from conveyor.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
@@ -87,9 +89,14 @@ async def serve(
     *,
     run_executor: bool,
     run_worker: bool,
+    run_api: bool = False,
+    bootstrap_token: bool = False,
     imports: Sequence[str] = (),
-    on_ready: Callable[[str | None], None] | None = None,
+    on_ready: Callable[[Started], None] | None = None,
 ) -> None:
+    """Run the asked services in this process until SIGTERM/SIGINT (graceful; a second
+    signal: fast). ``bootstrap_token``: with the API, create and report an admin token
+    if none exists yet (``conveyor up`` on a fresh database)."""
     schema = settings.database.schema_name
     actions = load_actions([*settings.worker.imports, *imports]) if run_worker else []
     try:
@@ -99,12 +106,17 @@ async def serve(
     if applied:
         log.info("schema migrated", schema=schema, versions=[m.version for m in applied])
 
+    api_socket = None
+    if run_api:
+        from conveyor.api.server import bind  # the web stack only when serving it
+
+        api_socket = bind(settings.api)
     stop, fast = asyncio.Event(), asyncio.Event()
-    roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker)) if on)
-    transport = PostgresTransport(url, schema, application_name=f"conveyor-{roles}-listen")
+    roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker), ("api", run_api)) if on)
     pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size)
     await pool.open(wait=True, timeout=30)
     try:
+        transport = make_transport(settings, url, pool, relay=run_executor, application_name=f"conveyor-{roles}-listen")
         executor = ExecutorService(settings, pool, transport) if run_executor else None
         worker = WorkerService(settings, url, pool, transport, actions) if run_worker else None
         if worker is not None:
@@ -126,14 +138,52 @@ async def serve(
                     services.append(tg.create_task(executor.run(stop), name="executor"))
                 if worker is not None:
                     services.append(tg.create_task(worker.run(stop, fast), name="worker"))
+                started = Started(worker.name if worker else None)
+                if api_socket is not None:
+                    from conveyor.api.server import serve_api
+
+                    api = serve_api(settings, pool, transport, stop, api_socket)
+                    services.append(tg.create_task(api, name="api"))
+                    port = api_socket.getsockname()[1]
+                    started.api_url = f"http://{_display_host(settings.api.host)}:{port}"
+                    if bootstrap_token:
+                        started.admin_token = await _bootstrap_token(pool)
                 if on_ready is not None:
-                    on_ready(worker.name if worker else None)
+                    on_ready(started)
                 await asyncio.gather(*services)
                 listener.cancel()
                 if health is not None:
                     health.cancel()
     finally:
         await pool.close()
+        if api_socket is not None:
+            api_socket.close()
+
+
+@dataclass(slots=True)
+class Started:
+    """What ``serve`` tells its caller once the services run."""
+
+    worker_name: str | None
+    api_url: str | None = None
+    admin_token: str | None = None  # created now: shown once
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+async def _bootstrap_token(pool: AsyncConnectionPool[Any]) -> str | None:
+    """An admin token for the first start (none exists yet); None afterwards."""
+    from conveyor.api.auth import Role, create_token
+
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("LOCK TABLE api_token IN SHARE ROW EXCLUSIVE MODE")  # two `up`s: one token
+        row = await (await conn.execute(Q["count_admin_tokens"])).fetchone()
+        if row and row["n"]:
+            return None
+        token, _ = await create_token(conn, "admin (conveyor up)", Role.admin)
+    return token
 
 
 def exit_if_actions_linger() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -51,6 +51,7 @@ class ExecutorSettings(_Section):
     scheduled_timeout_reschedules: int = Field(
         1, ge=0, description="times a scheduled-but-never-started execution is moved to another worker before failing"
     )
+    metrics_interval: float = Field(15, gt=0, description="seconds between refreshes of the database gauges")
 
 
 class WorkerSettings(_Section):
@@ -116,9 +117,68 @@ class EmbeddedSettings(_Section):
     data_dir: Path | None = Field(None, description="embedded PostgreSQL data; default per-user data dir")
 
 
+class ApiSettings(_Section):
+    host: str = Field("0.0.0.0", description="address the REST API and dashboard listen on")
+    port: int = Field(8080, ge=0, le=65535, description="port of the REST API and dashboard (the seeds' 8080)")
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="largest request body accepted (413 above)")
+    stream_interval: float = Field(1.0, gt=0, le=60, description="seconds between polls of the execution event stream")
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_output: bool = Field(False, alias="json")
+
+
+class RabbitMQSettings(_Section):
+    worker_queue_ttl_ms: int = Field(
+        300_000,
+        ge=1,
+        le=2**31 - 1,  # RabbitMQ takes a signed 32-bit x-message-ttl
+        description="a dispatch not taken from a worker's queue within this is dead-lettered (both transports)",
+    )
+    worker_queue_expires_ms: int = Field(
+        3_600_000, ge=1, le=2**31 - 1, description="a worker queue unused this long (worker gone for good) is deleted"
+    )
+    delivery_limit: int = Field(
+        5, ge=1, description="deliveries to consumers that die or give the message back before it is dead-lettered"
+    )
+    prefetch: int = Field(100, ge=1, le=65535, description="unacknowledged messages per consumer")
+    heartbeat: int = Field(
+        10,
+        ge=1,
+        le=600,
+        description="AMQP heartbeat seconds: the broker closes the connection of a process that stopped answering "
+        "(a frozen worker) after about two of them, and its unacknowledged messages go back to their queue",
+    )
+    relay_batch: int = Field(500, ge=1, le=10_000, description="outbox rows published per relay transaction")
+
+    @model_validator(mode="after")
+    def _expiry_outlasts_ttl(self) -> RabbitMQSettings:
+        # A queue deleted while it still holds unexpired dispatches would drop them unrecorded.
+        if self.worker_queue_expires_ms <= self.worker_queue_ttl_ms:
+            raise ValueError("worker_queue_expires_ms must be longer than worker_queue_ttl_ms")
+        return self
+
+
+class MessageQueueSettings(_Section):
+    url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (transport: rabbitmq)")
+    prefix: str = Field("conveyor", pattern=r"^[A-Za-z0-9_-]+$", description="prefix of every exchange and queue name")
+    reconcile_after: float = Field(
+        30, gt=0, description="seconds an execution may sit requested/scheduled before its message is published again"
+    )
+    rabbitmq: RabbitMQSettings = Field(default_factory=RabbitMQSettings)  # type: ignore[arg-type]
+
+
+class DeadLetterSettings(_Section):
+    enabled: bool = Field(True, description="consume and resolve dead letters")
+    exchange: str | None = Field(None, description="dead-letter exchange; default <prefix>.dlx")
+    ttl_ms: int = Field(86_400_000, ge=1, le=2**31 - 1, description="dead letters are kept this long (queue and table)")
+    max_deliveries: int = Field(
+        5, ge=1, description="failed handlings of one message before it is dead-lettered as poison"
+    )
+    check_interval: float = Field(
+        5, gt=0, description="seconds between expired-dispatch checks (postgres transport) and retention runs"
+    )
 
 
 class Settings(BaseSettings):
@@ -126,7 +186,7 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
     )
 
-    transport: Literal["postgres"] = "postgres"
+    transport: Literal["postgres", "rabbitmq"] = "postgres"
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)  # type: ignore[arg-type]
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
@@ -135,6 +195,13 @@ class Settings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)  # type: ignore[arg-type]
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)  # type: ignore[arg-type]
     log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+    api: ApiSettings = Field(default_factory=ApiSettings)  # type: ignore[arg-type]
+    message_queue: MessageQueueSettings = Field(default_factory=MessageQueueSettings)  # type: ignore[arg-type]
+    dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)  # type: ignore[arg-type]
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return self.dead_letter.exchange or f"{self.message_queue.prefix}.dlx"
 
     @classmethod
     def settings_customise_sources(

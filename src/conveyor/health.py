@@ -5,6 +5,7 @@ answering from the service's own event loop is the point -- a blocked loop shows
 as a probe that times out, and the measured loop lag fails readiness.
 
 - /healthz: 200 while the process's loop answers.
+- /metrics: Prometheus metrics of this process.
 - /readyz: 200 when the database answers within a second, the loop lags less than
   ``health.max_loop_lag`` and every service in the process says it is ready.
 """
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import prometheus_client
 import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
@@ -66,6 +68,14 @@ class HealthServer:
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) > 1 else ""
             body: dict[str, Any]
+            if path == "/metrics":
+                text = prometheus_client.generate_latest()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: " + prometheus_client.CONTENT_TYPE_LATEST.encode()
+                    + f"\r\nContent-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode() + text
+                )  # fmt: skip
+                await writer.drain()
+                return
             if path == "/healthz":
                 status, body = 200, {"status": "ok"}
             elif path == "/readyz":
@@ -75,7 +85,7 @@ class HealthServer:
                 body = {"status": "ready" if status == 200 else "not ready", "checks": checks,
                         "loop_lag_seconds": round(self.loop_lag, 4)}  # fmt: skip
             else:
-                status, body = 404, {"error": f"no such endpoint {path!r}; try /healthz or /readyz"}
+                status, body = 404, {"error": f"no such endpoint {path!r}; try /healthz, /readyz or /metrics"}
             payload = json.dumps(body).encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
             writer.write(

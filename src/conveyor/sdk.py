@@ -23,6 +23,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from conveyor.domain.errors import (
+    ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
     InvalidParametersError,
@@ -115,6 +116,9 @@ def _translate(exc: psycopg.Error, action_ref: str) -> ConveyorError | psycopg.E
     return exc
 
 
+translate_request_error = _translate
+
+
 def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execution:
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
@@ -186,6 +190,22 @@ class Client:
         if row is None:
             raise UnknownActionError(ref)
         return dict(row)
+
+    def cancel(self, execution_id: int, *, by: str = "sdk") -> str:
+        """Cancel an execution; returns its new status: ``cancelled`` (it had not started),
+        or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
+        raises ConflictError."""
+        with self.conn.transaction():
+            row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+            if row is None:
+                raise ExecutionNotFoundError(execution_id)
+            if row["now"] is None:
+                raise ConflictError(f"execution {execution_id} is {row['was']}: nothing to cancel")
+            if row["now"] == "cancelled":  # waiters are told now
+                self.conn.execute("SELECT pg_notify(%s, %s)", (f"{self.schema}.completed", str(execution_id)))
+            elif row["worker"] is not None:  # its worker looks now (it also checks every poll)
+                self.conn.execute("SELECT pg_notify(%s, '')", (f"{self.schema}.worker.{row['worker']}",))
+        return str(row["now"])
 
     def wait(self, execution_id: int, timeout: float | None = None) -> Execution:
         """Block until the execution is terminal (woken by NOTIFY, re-checked every second)."""

@@ -23,6 +23,10 @@ FAST_SETTINGS = {
     "CONVEYOR__EXECUTOR__POLL_INTERVAL": "0.2",
     "CONVEYOR__WORKER__SHUTDOWN_TIMEOUT": "5",
     "CONVEYOR__WORKER__KILL_GRACE": "2",
+    # `conveyor up` serves the API: on a free port of the kernel's choosing, so tests never
+    # fight over 8080 (a test that needs to reach it sets its own).
+    "CONVEYOR__API__PORT": "0",
+    "CONVEYOR__API__HOST": "127.0.0.1",
 }
 
 T = TypeVar("T")

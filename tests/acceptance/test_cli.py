@@ -13,7 +13,6 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,15 +35,6 @@ pytestmark = pytest.mark.acceptance
 @pytest.fixture
 def env(db_url: str) -> dict[str, str]:
     return conveyor_env(db_url)
-
-
-@pytest.fixture
-def procs(tmp_path: Path, env: dict[str, str]) -> Iterator[Procs]:
-    group = Procs(tmp_path / "logs", env)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 def _execution(procs: Procs, execution_id: int) -> dict[str, Any]:
@@ -380,3 +370,34 @@ def test_migrate_twice(procs: Procs, empty_db_url: str) -> None:
     assert second.returncode == 0, describe(second)
     assert "up to date" in second.stdout
     assert "applied" not in second.stdout
+
+
+def test_executions_cancel(procs: Procs, env: dict[str, str], db_url: str) -> None:
+    """`conveyor executions cancel`: a running subprocess action is stopped by its worker
+    (process group killed) and recorded cancelled; one not yet placed is cancelled at
+    once; a finished one is refused without a traceback."""
+    from conveyor.sdk import request_execution
+    from conveyor.store.db import connect_sync
+
+    procs.start("executor", name="executor").wait_for_log("executor started")
+    procs.start("worker", "--name", "w1", name="w1").wait_for_log("worker registered")
+    with connect_sync(db_url, "conveyor", autocommit=True) as conn:
+        running = request_execution(conn, "core.local", {"cmd": "sleep 60"})
+        eventually(lambda: _execution(procs, running)["status"] == "running", timeout=20, message=procs.logs)
+        eventually(lambda: processes_with_argv(["sleep", "60"]), timeout=10, message="the action's process runs")
+        result = procs.run("executions", "cancel", str(running), "--wait", "--timeout", "20")
+        assert result.returncode == 0, describe(result)
+        assert "cancelled" in result.stdout
+        shown = _execution(procs, running)
+        assert shown["status"] == "cancelled"
+        assert [(a["attempt"], a["outcome"]) for a in shown["attempts"]] == [(1, "cancelled")]
+        assert not processes_with_argv(["sleep", "60"]), "the action's process was killed"
+
+        finished = procs.run("executions", "cancel", str(running))
+        assert finished.returncode == 1
+        assert f"execution {running} is cancelled: nothing to cancel" in finished.stderr
+        assert "Traceback" not in finished.stderr
+
+        missing = procs.run("executions", "cancel", "999999")
+        assert missing.returncode == 1
+        assert "no execution with id 999999" in missing.stderr

@@ -42,23 +42,9 @@ RECOVERY_SETTINGS = {
 
 
 @pytest.fixture
-def env(db_url: str) -> dict[str, str]:
-    return conveyor_env(db_url, **RECOVERY_SETTINGS)
-
-
-@pytest.fixture
-def procs(tmp_path: Path, env: dict[str, str]) -> Iterator[Procs]:
-    group = Procs(tmp_path / "logs", env)
-    try:
-        yield group
-    finally:
-        group.close()
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Conn]:
-    with connect_sync(db_url, "conveyor", application_name="test", autocommit=True) as conn:
-        yield conn
+def env(db_url: str, transport_env: dict[str, str]) -> dict[str, str]:
+    """Every scenario runs on both transports: the same executor and worker code."""
+    return conveyor_env(db_url, **RECOVERY_SETTINGS, **transport_env)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -629,3 +615,9 @@ def test_health_endpoints(procs: Procs, env: dict[str, str]) -> None:
     until(procs, lambda: _get(f"{executor_base}/healthz")[0] == 200, timeout=10)
     status, body = until(procs, lambda: (r := _get(f"{executor_base}/readyz"))[0] == 200 and r, timeout=10)
     assert body["checks"] == {"database": True, "loop": True, "transport": True}
+
+    with urllib.request.urlopen(f"{executor_base}/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        metrics = response.read().decode()
+    for name in ("conveyor_dlq_depth", "conveyor_dead_letter_handler_seconds_count", "conveyor_outbox_depth"):
+        assert f"\n{name} " in metrics, name

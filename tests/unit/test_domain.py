@@ -543,3 +543,54 @@ def test_parse_parameters_edge_cases() -> None:
 def test_parse_parameters_refuses_malformed_pairs(pair: str) -> None:
     with pytest.raises(ConveyorError, match="is not key=value"):
         parse_parameters([pair], SCHEMA)
+
+
+def test_message_queue_settings_from_the_seeds_layout(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The seeds' YAML layout is read and applied (their system ignored it)."""
+    config = tmp_path / "mq.yaml"
+    config.write_text(
+        "transport: rabbitmq\n"
+        "message_queue:\n  url: amqp://u:p@mq:5672/v\n  rabbitmq:\n    worker_queue_ttl_ms: 120000\n"
+        "dead_letter:\n  enabled: true\n  exchange: attune.dlx\n  ttl_ms: 172800000\n",
+        encoding="utf-8",
+    )
+    clean_env.setenv("CONVEYOR__MESSAGE_QUEUE__RABBITMQ__PREFETCH", "7")
+    loaded = load_settings(config)
+    s = loaded.settings
+    assert s.transport == "rabbitmq"
+    assert s.message_queue.url == "amqp://u:p@mq:5672/v"
+    assert s.message_queue.rabbitmq.worker_queue_ttl_ms == 120_000
+    assert s.message_queue.rabbitmq.prefetch == 7
+    assert s.dead_letter_exchange == "attune.dlx"
+    assert s.dead_letter.ttl_ms == 172_800_000
+    assert loaded.sources["message_queue.rabbitmq.prefetch"] == "env CONVEYOR__MESSAGE_QUEUE__RABBITMQ__PREFETCH"
+
+
+def test_message_queue_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    s = load_settings().settings
+    assert s.transport == "postgres"
+    assert s.message_queue.prefix == "conveyor"
+    assert s.message_queue.rabbitmq.worker_queue_ttl_ms == 300_000
+    assert s.dead_letter.ttl_ms == 86_400_000
+    assert s.dead_letter_exchange == "conveyor.dlx"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "fragment"),
+    [
+        ("transport: kafka\n", "transport"),
+        ("message_queue:\n  rabbitmq:\n    worker_queue_ttl_ms: 3000000000\n", "worker_queue_ttl_ms"),
+        ("message_queue:\n  rabbitmq:\n    worker_queue_ttl_ms: 5000\n    worker_queue_expires_ms: 4000\n",
+         "worker_queue_expires_ms must be longer"),
+        ("message_queue:\n  prefix: 'a b'\n", "message_queue.prefix"),
+    ],
+)  # fmt: skip
+def test_bad_message_queue_settings_are_refused(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, yaml_text: str, fragment: str
+) -> None:
+    from conveyor.domain.errors import ConveyorError
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text, encoding="utf-8")
+    with pytest.raises(ConveyorError, match=fragment):
+        load_settings(config)

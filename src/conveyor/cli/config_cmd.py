@@ -18,8 +18,9 @@ def show(as_json: bool = JsonOption) -> None:
     """Every effective setting and where it came from (default, file, environment)."""
     loaded = state.loaded
     values: dict[str, Any] = _flatten(loaded.settings.model_dump(by_alias=True, mode="json"))
-    if values.get("database.url"):
-        values["database.url"] = _mask(str(values["database.url"]))
+    for key in ("database.url", "message_queue.url"):
+        if values.get(key):
+            values[key] = _mask(str(values[key]))
     if as_json:
         print_json({k: {"value": v, "source": loaded.sources.get(k, "default")} for k, v in values.items()})
         return

@@ -1,4 +1,4 @@
-"""``conveyor executions list|get``."""
+"""``conveyor executions list|get|cancel``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conveyor.cli.context import JsonOption, console, print_json, state, when
 from conveyor.domain.models import Execution
 from conveyor.domain.status import ExecutionStatus
 
-app = typer.Typer(help="Inspect executions.", no_args_is_help=True)
+app = typer.Typer(help="Inspect and cancel executions.", no_args_is_help=True)
 
 _STYLE = {
     "completed": "green",
@@ -61,6 +61,24 @@ def get(execution_id: Annotated[int, typer.Argument(help="Execution id")], as_js
         print_json(execution)
     else:
         show_execution(execution)
+
+
+@app.command()
+def cancel(
+    execution_id: Annotated[int, typer.Argument(help="Execution id")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until it is cancelled.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 60.0,
+) -> None:
+    """Cancel an execution: not started yet, it is cancelled at once; running, its worker
+    stops it (process group killed) and records it cancelled. A finished one is an error."""
+    with state.client() as client:
+        status = client.cancel(execution_id, by="cli")
+        if status == "canceling" and wait:
+            status = client.wait(execution_id, timeout=timeout).status.value
+    if status == "canceling":
+        console.print(f"execution {execution_id} canceling: its worker is stopping it")
+    else:
+        console.print(f"execution {execution_id} {_status(status)}")
 
 
 def show_execution(e: Execution) -> None:

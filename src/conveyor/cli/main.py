@@ -8,7 +8,7 @@ from typing import Annotated
 import psycopg
 import typer
 
-from conveyor.cli import actions, config_cmd, executions, run, services, workers
+from conveyor.cli import actions, config_cmd, dead_letters, executions, run, services, tokens, workers
 from conveyor.cli.context import err_console, state
 from conveyor.domain.errors import ConveyorError
 
@@ -31,6 +31,7 @@ def _options(
 
 
 app.command()(services.up)
+app.command()(services.api)
 app.command()(services.executor)
 app.command()(services.worker)
 app.command()(services.migrate)
@@ -39,6 +40,8 @@ app.add_typer(executions.app, name="executions")
 app.add_typer(workers.app, name="workers")
 app.add_typer(actions.app, name="actions")
 app.add_typer(config_cmd.app, name="config")
+app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(tokens.app, name="tokens")
 
 
 def _user_facing(exc: BaseException) -> str | None:

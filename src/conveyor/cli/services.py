@@ -1,4 +1,4 @@
-"""Long-running commands: up, executor, worker, migrate."""
+"""Long-running commands: up, api, executor, worker, migrate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from conveyor import embedded
-from conveyor.app import exit_if_actions_linger, prepare_database, serve
+from conveyor.app import Started, exit_if_actions_linger, prepare_database, serve
 from conveyor.cli.context import console, err_console, state
 from conveyor.config import Settings
 from conveyor.logs import configure
@@ -17,19 +17,35 @@ Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Modul
 
 
 def _run(
-    settings: Settings, url: str, *, executor: bool, worker: bool, imports: list[str], banner: bool = False
+    settings: Settings,
+    url: str,
+    *,
+    executor: bool,
+    worker: bool,
+    imports: list[str],
+    api: bool = False,
+    banner: bool = False,
 ) -> None:
     configure(settings.log.level, settings.log.json_output)
 
-    def ready(worker_name: str | None) -> None:
-        if banner:
-            err_console.print(
-                f"[bold green]Conveyor is up[/] (worker {worker_name}). In another terminal:\n"
-                "  conveyor run core.echo message=hello --wait\n"
-                "  conveyor executions list\nPress Ctrl-C to stop."
-            )
+    def ready(started: Started) -> None:
+        if not banner:
+            return
+        lines = [f"[bold green]Conveyor is up[/] (worker {started.worker_name})."]
+        if started.api_url:
+            lines.append(f"  dashboard and API: {started.api_url}  (API docs: {started.api_url}/docs)")
+        if started.admin_token:
+            lines.append("  an admin token was created (shown once; it opens the dashboard):")
+        lines.append("In another terminal:\n  conveyor run core.echo message=hello --wait\n  conveyor executions list")
+        lines.append("Press Ctrl-C to stop.")
+        err_console.print("\n".join(lines))
+        if started.admin_token:
+            print(started.admin_token, flush=True)  # alone on its line on stdout, for scripts
 
-    asyncio.run(serve(settings, url, run_executor=executor, run_worker=worker, imports=imports, on_ready=ready))
+    asyncio.run(
+        serve(settings, url, run_executor=executor, run_worker=worker, run_api=api, bootstrap_token=banner and api,
+              imports=imports, on_ready=ready)
+    )  # fmt: skip
 
 
 def up(imports: Imports = None) -> None:
@@ -37,13 +53,19 @@ def up(imports: Imports = None) -> None:
     DATABASE_URL it starts the embedded PostgreSQL and stops it on exit."""
     settings = state.loaded.settings
     if settings.database.url:
-        _run(settings, settings.database.url, executor=True, worker=True, imports=imports or [], banner=True)
+        _run(settings, settings.database.url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
         exit_if_actions_linger()
         return
     err_console.print(f"starting the embedded PostgreSQL in {embedded.data_dir(settings)} ...")
     with embedded.running_server(settings) as url:
-        _run(settings, url, executor=True, worker=True, imports=imports or [], banner=True)
+        _run(settings, url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
     exit_if_actions_linger()
+
+
+def api() -> None:
+    """Serve the REST API and the dashboard (any number of API processes may run)."""
+    settings = state.loaded.settings
+    _run(settings, embedded.resolve_url(settings), executor=False, worker=False, api=True, imports=[])
 
 
 def executor() -> None:

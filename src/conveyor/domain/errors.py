@@ -7,6 +7,14 @@ class ConveyorError(Exception):
     """Base class: the message is meant for the person at the terminal."""
 
 
+class ConflictError(ConveyorError):
+    """A valid request that the resource's current state does not allow."""
+
+
+class NotFoundError(ConveyorError):
+    """The thing asked for does not exist."""
+
+
 class UnknownActionError(ConveyorError):
     def __init__(self, ref: str) -> None:
         super().__init__(f"unknown action {ref!r}: no worker has registered it (see `conveyor actions list`)")

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.domain.policy import WorkerLostPolicy
+from conveyor.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport.base import Topic, Transport
@@ -65,6 +66,7 @@ class Recovery:
                 await self._transport.publish(conn, Topic.REQUESTED)
             if ended:
                 await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
+        _count_sweep(dead, back, moved)
         for w in dead:
             age = w["heartbeat_age"]
             if w["lock_lost"]:
@@ -78,9 +80,13 @@ class Recovery:
         if dead:
             log.info(f"Deactivated {len(dead)} worker(s)", count=len(dead))
         for b in back:
-            log.info("handed back scheduled execution of a lost worker", execution_id=b["id"], worker_id=b["worker"])
+            log.info("handed back scheduled execution of a lost worker", execution_id=b["id"], attempt=b["attempt"],
+                     worker=b["worker_name"], worker_id=b["worker"])  # fmt: skip
+        by_id = {row["id"]: row for row in lost}
         for m in moved:
-            log.warning("recovered execution from a lost worker", execution_id=m["id"], status=m["status"])
+            was = by_id[m["id"]]
+            log.warning("recovered execution from a lost worker", execution_id=m["id"], attempt=was["attempt"],
+                        worker=was["worker_name"], worker_id=was["worker"], status=m["status"])  # fmt: skip
         return {"dead": len(dead), "handed_back": len(back), "requeued": len(requeued), "ended": len(ended)}
 
     async def check_scheduled_timeouts(self) -> dict[str, int]:
@@ -106,6 +112,21 @@ class Recovery:
                 await self._transport.publish(conn, Topic.REQUESTED)
             if failed:
                 await self._transport.publish(conn, Topic.COMPLETED, execution_ids=failed)
+        EXECUTION_TIMEOUTS.labels("scheduled").inc(len(moved))
+        by_id = {row["id"]: row for row in overdue}
         for m in moved:
-            log.warning("scheduled execution was not picked up in time", execution_id=m["id"], status=m["status"])
+            was = by_id[m["id"]]
+            log.warning("scheduled execution was not picked up in time", execution_id=m["id"], attempt=was["attempt"],
+                        worker=was["worker_name"], worker_id=was["worker"], status=m["status"])  # fmt: skip
         return {"rescheduled": len(moved) - len(failed), "failed": len(failed)}
+
+
+def _count_sweep(dead: list[dict[str, Any]], back: list[dict[str, Any]], moved: list[dict[str, Any]]) -> None:
+    """Metrics of one sweep: recoveries by kind, and each dead worker's downtime (last
+    heartbeat to marked inactive; a worker that never sent one has none)."""
+    RECOVERIES.labels("handed_back").inc(len(back))
+    for kind, status in (("requeued", "requested"), ("abandoned", "abandoned"), ("cancelled", "cancelled")):
+        RECOVERIES.labels(kind).inc(sum(1 for m in moved if m["status"] == status))
+    for w in dead:
+        if w["heartbeat_age"] is not None:
+            WORKER_DOWNTIME.observe(max(0.0, w["heartbeat_age"]))

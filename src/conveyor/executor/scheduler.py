@@ -126,7 +126,7 @@ class Scheduler:
                 ids, worker_ids = zip(*placement.assigned, strict=True)
                 params = {"ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id}
                 assigned = await conn.execute(Q["assign"], params)
-                await self._transport.publish(conn, Topic.WORKER, worker_ids=worker_ids)
+                await self._transport.publish(conn, Topic.WORKER, worker_ids=worker_ids, execution_ids=ids)
             if failures:
                 # A failure is reported to waiters: it must not be undone by a crash.
                 await conn.execute(Q["durable_commit"])
@@ -170,7 +170,8 @@ class Scheduler:
             if rows:
                 await self._transport.publish(conn, Topic.REQUESTED)
         for row in rows:
-            log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], executor=row["executor"])
+            log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], attempt=row["attempt"],
+                        executor=row["executor"])  # fmt: skip
         return len(rows)
 
 

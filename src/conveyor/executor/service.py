@@ -15,6 +15,8 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.executor import gauges
+from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -30,6 +32,7 @@ class ExecutorService:
     def __init__(self, settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport) -> None:
         self.settings = settings
         self.executor_id = make_executor_id()
+        self._pool = pool
         cfg = settings.executor
         self._scheduler = Scheduler(
             pool,
@@ -40,6 +43,11 @@ class ExecutorService:
             unplaceable_check_interval=cfg.poll_interval,
         )
         self._recovery = Recovery(pool, transport, settings)
+        self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
+        if settings.dead_letter.enabled:
+            transport.handle_dead_letters(self._dead_letters)
+        self._transport = transport
+        self._transport_kind = transport.kind
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._bell = transport.subscribe(Topic.REQUESTED)
@@ -56,6 +64,14 @@ class ExecutorService:
                            name="executor-scheduled-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, min(cfg.claim_timeout / 2, cfg.timeout_check_interval), self._reclaim),
                            name="executor-reclaim")  # fmt: skip
+            dl = self.settings.dead_letter
+            if dl.enabled and self._transport_kind == "postgres":
+                tg.create_task(self._every(stop, dl.check_interval, self._dead_letters.expire_dispatches),
+                               name="executor-expire-dispatches")  # fmt: skip
+            tg.create_task(self._every(stop, dl.check_interval, self._dead_letter_upkeep), name="executor-dead-letters")
+            tg.create_task(self._every(stop, cfg.metrics_interval, self._refresh_gauges), name="executor-gauges")
+            reconcile_every = self.settings.message_queue.reconcile_after / 2
+            tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
         log.info("executor stopped", executor=self.executor_id)
 
     async def _schedule_loop(self, stop: asyncio.Event) -> None:
@@ -79,6 +95,16 @@ class ExecutorService:
             self._bell.ring()  # reschedule now, not at the next poll
         return result
 
+    async def _dead_letter_upkeep(self) -> int:
+        """Retention (dead_letter.ttl_ms) and the dead-letter gauges."""
+        purged = await self._dead_letters.purge_expired()
+        await self._dead_letters.refresh_gauges()
+        return purged
+
+    async def _refresh_gauges(self) -> None:
+        """The execution, worker and backlog gauges (executor/gauges.py)."""
+        await gauges.refresh(self._pool)
+
     async def _reclaim(self) -> int:
         return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)
 
@@ -91,6 +117,8 @@ class ExecutorService:
                 await duty()
             except psycopg.OperationalError as exc:
                 log.warning("recovery duty failed; database unreachable", duty=duty.__name__, error=str(exc).strip())
+            except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
+                log.exception("recovery duty failed; retried at the next tick", duty=duty.__name__)
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

@@ -14,9 +14,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import suppress
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
+
+if TYPE_CHECKING:
+    from conveyor.transport.messages import DeadLetter
 
 
 class Topic(StrEnum):
@@ -24,6 +27,7 @@ class Topic(StrEnum):
     CAPACITY = "capacity"  # a worker freed slots or joined
     COMPLETED = "completed"  # executions reached a terminal state (payload: ids)
     WORKER = "worker"  # work dispatched to one worker (qualified by its id)
+    OUTBOX = "outbox"  # internal: outbox rows await the relay (RabbitMQ transport)
 
 
 class Doorbell:
@@ -52,11 +56,46 @@ class Doorbell:
         return out
 
 
+class DeadLetterSink(Protocol):
+    """Where a transport hands the dead letters it receives (the executor's handler)."""
+
+    async def handle(self, dead_letter: DeadLetter) -> str:
+        """Record and resolve; return the resolution. Raises psycopg.OperationalError
+        when the database is unreachable (the message is then requeued)."""
+
+    async def record_unresolved(self, dead_letter: DeadLetter) -> None:
+        """Record a dead letter that could not be resolved (poison), left pending."""
+
+
 class Transport(ABC):
     """Publishing (inside the caller's transaction) and subscribing (doorbells)."""
 
-    # True while subscriptions are live (readiness reports it).
-    connected: bool = False
+    kind: str
+    _connected: bool = False
+
+    @property
+    def connected(self) -> bool:
+        """True while subscriptions are live (readiness reports it)."""
+        return self._connected
+
+    def handle_dead_letters(self, sink: DeadLetterSink) -> None:  # noqa: B027 - optional hook
+        """Consume the dead-letter queue into ``sink`` (a broker transport). The
+        PostgreSQL transport has no queue: the executor finds expired dispatches itself."""
+
+    async def reconcile(self) -> dict[str, int]:
+        """Publish again what waits past a bound with no message pending (a broker
+        transport; on PostgreSQL the consumers' polling is the reconciler)."""
+        return {}
+
+    async def dlq_depth(self) -> int | None:
+        """Messages waiting in the broker's dead-letter queue, if there is one."""
+        return None
+
+    @abstractmethod
+    async def replay(
+        self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
+    ) -> None:
+        """Publish a dead-lettered message again to where it was going (in ``conn``'s transaction)."""
 
     @abstractmethod
     async def publish(

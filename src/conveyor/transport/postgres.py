@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import structlog
 
+from conveyor.metrics import transport_error
 from conveyor.store.db import conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 
@@ -23,6 +24,8 @@ _PAYLOAD_LIMIT = 7900
 
 
 class PostgresTransport(Transport):
+    kind = "postgres"
+
     def __init__(self, url: str, schema: str, application_name: str = "conveyor-listener") -> None:
         self._url = url
         self._schema = schema
@@ -54,6 +57,24 @@ class PostgresTransport(Transport):
             payload = ""
         await conn.execute("SELECT pg_notify(%s, %s)", (self.channel(topic), payload))
 
+    async def replay(
+        self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
+    ) -> None:
+        # The "message" of this transport is the row; replaying rings whoever reads it.
+        if routing_key.startswith("execution.scheduled.worker."):
+            worker = int(routing_key.rsplit(".", 1)[1])
+            await self.publish(conn, Topic.WORKER, worker_ids=[worker])
+        elif routing_key == "execution.completed":
+            await self.publish(conn, Topic.COMPLETED, execution_ids=payload.get("execution_ids", []))
+        elif routing_key == "worker.capacity":
+            await self.publish(conn, Topic.CAPACITY)
+        else:
+            await self.publish(conn, Topic.REQUESTED)
+
+    @property
+    def has_subscriptions(self) -> bool:
+        return bool(self._bells)
+
     def subscribe(self, topic: Topic, worker_id: int | None = None, bell: Doorbell | None = None) -> Doorbell:
         bell = bell or Doorbell()
         self._bells[self.channel(topic, worker_id)].append(bell)
@@ -73,6 +94,7 @@ class PostgresTransport(Transport):
                 )
             except psycopg.OperationalError as exc:
                 log.warning("listener cannot connect; retrying", error=str(exc).strip(), retry_in=delay)
+                transport_error("postgres", "connect")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -81,7 +103,7 @@ class PostgresTransport(Transport):
                     for name in self._bells:
                         await conn.execute(listen_statement(name))
                     delay = 0.1
-                    self.connected = True
+                    self._connected = True
                     ready.set()
                     # Anything published while we were not listening is found by
                     # the consumers' next read: wake them all now.
@@ -90,7 +112,8 @@ class PostgresTransport(Transport):
                         for bell in self._bells.get(note.channel, ()):
                             bell.ring(note.payload)
             except psycopg.OperationalError as exc:
-                self.connected = False
+                self._connected = False
                 log.warning("listener connection lost; reconnecting", error=str(exc).strip())
+                transport_error("postgres", "consume")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic, Transport
+from conveyor.worker.instrument import observe_result
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +34,7 @@ class Finished:
     delay: float | None  # retry backoff in seconds when status is requested
     result: dict[str, Any]
     error: str | None
+    action: str | None = None  # the action's ref, for metrics
 
 
 class ResultWriter:
@@ -48,6 +50,7 @@ class ResultWriter:
     def put(self, finished: Finished) -> None:
         self.pending.add(finished.execution_id)
         self._queue.put_nowait(finished)
+        observe_result(finished.action, finished.outcome, finished.result)
 
     async def flushed(self, within: float) -> bool:
         """Wait until everything queued is written; False if that took longer than ``within`` seconds."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,16 +27,21 @@ from psycopg_pool import AsyncConnectionPool
 import conveyor
 from conveyor.actions.registry import ActionDefinition
 from conveyor.config import Settings
+from conveyor.domain.errors import ConveyorError
 from conveyor.domain.models import ActionResult
 from conveyor.domain.policy import RetryPolicy
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
+from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 
 log = structlog.get_logger(__name__)
+
+
+_NAME = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 
 
 def default_worker_name() -> str:
@@ -54,6 +60,9 @@ class WorkerService:
         self.settings = settings
         self.cfg = settings.worker
         self.name = self.cfg.name or default_worker_name()
+        if not _NAME.fullmatch(self.name):
+            # Names appear in URLs (/api/v1/workers/{name}/cordon) and queue names.
+            raise ConveyorError(f"invalid worker name {self.name!r}: use letters, digits and . _ : @ - (up to 200)")
         self._pool = pool
         self._transport = transport
         self._actions = {a.ref: a for a in actions}
@@ -70,6 +79,8 @@ class WorkerService:
         self._results = ResultWriter(pool, transport, self.name)
         # A claim failed with the connection: it may have committed all the same.
         self._claim_in_doubt = False
+        self._cancelling: set[int] = set()  # stopped because a user cancelled them
+        self._next_cancel_check = 0.0
         self._bell = Doorbell()
         self._liveness = Liveness(
             url,
@@ -147,6 +158,12 @@ class WorkerService:
                     except psycopg.OperationalError as exc:
                         self._claim_in_doubt = True
                         log.warning("claim failed; database unreachable", error=str(exc).strip())
+                if self._running and asyncio.get_running_loop().time() >= self._next_cancel_check:
+                    self._next_cancel_check = asyncio.get_running_loop().time() + min(poll, 0.25)
+                    try:
+                        await self._honour_cancellations()
+                    except psycopg.OperationalError as exc:
+                        log.warning("cancellation check failed; database unreachable", error=str(exc).strip())
                 if claimed and claimed == free:
                     continue
                 await self._bell.wait(poll)
@@ -160,10 +177,27 @@ class WorkerService:
             rows = await (
                 await conn.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
             ).fetchall()
+        observe_claims(rows)
         for row in rows:
             task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
             self._running[row["id"]] = (row["attempt"], task)
         return len(rows)
+
+    async def _honour_cancellations(self) -> None:
+        """Executions of this worker whose cancellation was asked (status canceling): stop
+        their runs (process groups killed by the runners); the finish records them
+        cancelled. One this worker does not run (any more) is finished as cancelled too."""
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(Q["canceling_on_worker"], {"worker": self.worker_id})).fetchall()
+        for row in rows:
+            eid, attempt = row["id"], row["attempt"]
+            entry = self._running.get(eid)
+            if entry is not None and entry[0] == attempt:
+                if eid not in self._cancelling:
+                    self._cancelling.add(eid)
+                    entry[1].cancel()
+            elif eid not in self._results.pending and eid not in self._to_release:
+                self._results.put(_cancelled(eid, attempt))
 
     async def _start_unknown_claims(self) -> None:
         """After a claim whose commit went unanswered, before any other claim: rows it did
@@ -187,11 +221,17 @@ class WorkerService:
         try:
             result = await self._run_action(row)
         except asyncio.CancelledError:
+            if eid in self._cancelling:  # a user's cancellation, not this worker stopping
+                self._cancelling.discard(eid)
+                bound.info("execution cancelled")
+                self._results.put(_cancelled(eid, attempt))
+                return
             self._to_release[eid] = (attempt, row["metadata"] or {})
             bound.warning("execution stopped on this worker")
             raise
         finally:
             self._running.pop(eid, None)
+            self._cancelling.discard(eid)  # a cancel that came after the run ended: the finish records it
             self._bell.ring()  # a slot is free
         outcome = "completed" if result.succeeded else ("timeout" if result.timed_out else "failed")
         delay = None
@@ -201,7 +241,7 @@ class WorkerService:
         status = outcome if delay is None else "requested"
         bound.info("execution finished", status=outcome, duration=round(result.duration, 4),
                    retry_in=round(delay, 3) if delay is not None else None)  # fmt: skip
-        self._results.put(Finished(eid, attempt, status, outcome, delay, result.to_json(), result.error))
+        self._results.put(Finished(eid, attempt, status, outcome, delay, result.to_json(), result.error, action=ref))
 
     async def _run_action(self, row: dict[str, Any]) -> ActionResult:
         metadata: dict[str, Any] = row["metadata"] or {}
@@ -290,6 +330,11 @@ class WorkerService:
             await self._release_interrupted()
         except psycopg.OperationalError as exc:
             log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
+
+
+def _cancelled(eid: int, attempt: int) -> Finished:
+    result = {"succeeded": False, "error": "cancelled"}
+    return Finished(eid, attempt, "cancelled", "cancelled", None, result, "cancelled")
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

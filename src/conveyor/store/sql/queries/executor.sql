@@ -21,7 +21,7 @@ RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
           extract(epoch FROM now() - e.created)::float8 AS age,
           CASE WHEN e.attempt = 0 THEN '{}'::bigint[] ELSE ARRAY(
               SELECT t.worker FROM execution_attempt t
-              WHERE t.execution = e.id AND t.outcome = 'not_picked_up' AND t.worker IS NOT NULL
+              WHERE t.execution = e.id AND t.outcome IN ('not_picked_up', 'expired') AND t.worker IS NOT NULL
           ) END AS avoid;
 
 -- name: claim_unplaceable
@@ -47,7 +47,7 @@ RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
           extract(epoch FROM now() - e.created)::float8 AS age,
           CASE WHEN e.attempt = 0 THEN '{}'::bigint[] ELSE ARRAY(
               SELECT t.worker FROM execution_attempt t
-              WHERE t.execution = e.id AND t.outcome = 'not_picked_up' AND t.worker IS NOT NULL
+              WHERE t.execution = e.id AND t.outcome IN ('not_picked_up', 'expired') AND t.worker IS NOT NULL
           ) END AS avoid;
 
 -- name: relaxed_commit
@@ -136,4 +136,4 @@ WITH stale AS (
 UPDATE execution e SET status = 'requested', executor = NULL
 FROM stale
 WHERE e.id = stale.id AND e.status = 'scheduling'
-RETURNING e.id, stale.executor;
+RETURNING e.id, e.attempt, stale.executor;

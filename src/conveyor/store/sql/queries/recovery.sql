@@ -48,9 +48,9 @@ RETURNING w.id, w.name,
 -- scheduled work that will not start where it is -- on one worker (%(worker)s: its
 -- shutdown or a drain) or, with NULL, on any worker that is gone -- goes back to
 -- requested. Not an attempt: the dispatch never started, so its attempt number and
--- row are withdrawn.
+-- row are withdrawn. Returns the withdrawn attempt and the worker's name (for logs).
 WITH back AS (
-    SELECT e.id, e.attempt, e.worker FROM execution e LEFT JOIN worker w ON w.id = e.worker
+    SELECT e.id, e.attempt, e.worker, w.name AS worker_name FROM execution e LEFT JOIN worker w ON w.id = e.worker
     WHERE e.status = 'scheduled'
       AND (e.worker = %(worker)s::bigint OR (%(worker)s::bigint IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
     ORDER BY e.id
@@ -63,12 +63,12 @@ SET status = 'requested', worker = NULL, executor = NULL, attempt = e.attempt - 
     scheduled = NULL, started = NULL
 FROM back
 WHERE e.id = back.id AND e.status = 'scheduled' AND e.attempt = back.attempt
-RETURNING e.id, back.worker;
+RETURNING e.id, back.worker, back.attempt, back.worker_name;
 
 -- name: lost_running
 -- Executions running (or being cancelled) on a worker that is gone, with what the
 -- recovery decision needs; locked until the sweep's transaction ends.
-SELECT e.id, e.attempt, e.status, e.worker, a.metadata,
+SELECT e.id, e.attempt, e.status, e.worker, w.name AS worker_name, a.metadata,
        (SELECT count(*) FROM execution_attempt t
         WHERE t.execution = e.id AND t.outcome = 'worker_lost')::int AS lost_before
 FROM execution e
@@ -112,10 +112,10 @@ SELECT id, status FROM moved;
 -- Scheduled executions that did not start within their schedule-to-start timeout
 -- (the action's own, else the configured default), with how many times that
 -- already happened to them.
-SELECT e.id, e.attempt, e.worker,
+SELECT e.id, e.attempt, e.worker, w.name AS worker_name,
        (SELECT count(*) FROM execution_attempt t
-        WHERE t.execution = e.id AND t.outcome = 'not_picked_up')::int AS missed
-FROM execution e JOIN action a ON a.ref = e.action_ref
+        WHERE t.execution = e.id AND t.outcome IN ('not_picked_up', 'expired'))::int AS missed
+FROM execution e JOIN action a ON a.ref = e.action_ref LEFT JOIN worker w ON w.id = e.worker
 WHERE e.status = 'scheduled'
   AND e.scheduled < now() - make_interval(
         secs => coalesce((a.metadata ->> 'scheduled_timeout')::float8, %(default_timeout)s))

@@ -61,7 +61,8 @@ UPDATE worker SET status = %(status)s WHERE id = %(id)s;
 
 -- name: claim_scheduled
 -- scheduled -> running for executions dispatched to this worker, guarded by worker.
--- Returns the attempt number every later write must quote (fencing).
+-- Returns the attempt number every later write must quote (fencing), and the seconds
+-- since the request (database clock) for the scheduling-latency histogram.
 WITH picked AS (
     SELECT id FROM execution
     WHERE worker = %(worker)s AND status = 'scheduled'
@@ -71,12 +72,13 @@ WITH picked AS (
 ), started AS (
     UPDATE execution e SET status = 'running', started = now()
     FROM picked WHERE e.id = picked.id
-    RETURNING e.id, e.attempt, e.action_ref, e.parameters, e.started
+    RETURNING e.id, e.attempt, e.action_ref, e.parameters, e.started,
+              extract(epoch FROM e.started - e.created)::float8 AS since_request
 ), stamped AS (
     UPDATE execution_attempt t SET started = started.started
     FROM started WHERE t.execution = started.id AND t.attempt = started.attempt
 )
-SELECT s.id, s.attempt, s.action_ref, s.parameters, a.runner_type, a.metadata
+SELECT s.id, s.attempt, s.action_ref, s.parameters, a.runner_type, a.metadata, s.since_request
 FROM started s JOIN action a ON a.ref = s.action_ref;
 
 -- name: unknown_claims
@@ -90,23 +92,37 @@ ORDER BY e.id;
 -- name: finish
 -- running -> completed|failed|timeout, or back to requested when the retry policy
 -- asks (after a backoff); fenced by (execution, worker, attempt): a write from an
--- attempt that is no longer current changes nothing and is reported back.
+-- attempt that is no longer current changes nothing and is reported back. An
+-- execution whose cancellation was asked (canceling) ends cancelled, whatever the
+-- run's outcome: the result is kept, the user's request stands.
 WITH done AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
                          %(outcomes)s::text[], %(delays)s::float8[], %(results)s::jsonb[],
                          %(errors)s::text[])
         AS d(id, attempt, status, outcome, delay, result, error)
+), finishing AS (
+    SELECT done.*, e.status = 'canceling' AS cancel
+    FROM done JOIN execution e ON e.id = done.id
+    WHERE e.worker = %(worker)s AND e.attempt = done.attempt AND e.status IN ('running', 'canceling')
+    FOR UPDATE OF e
+), decided AS (
+    SELECT id, attempt, result,
+           CASE WHEN cancel THEN 'cancelled' ELSE status END AS status,
+           CASE WHEN cancel THEN 'cancelled' ELSE outcome END AS outcome,
+           CASE WHEN cancel THEN NULL ELSE delay END AS delay,
+           CASE WHEN cancel THEN coalesce(error, 'cancelled') ELSE error END AS error
+    FROM finishing
 ), finished AS (
     UPDATE execution e
-    SET status = done.status, result = done.result,
-        ended = CASE WHEN done.status = 'requested' THEN NULL ELSE now() END,
-        worker = CASE WHEN done.status = 'requested' THEN NULL ELSE e.worker END,
-        executor = CASE WHEN done.status = 'requested' THEN NULL ELSE e.executor END,
-        started = CASE WHEN done.status = 'requested' THEN NULL ELSE e.started END,
-        not_before = CASE WHEN done.delay IS NULL THEN NULL ELSE now() + make_interval(secs => done.delay) END
-    FROM done
-    WHERE e.id = done.id AND e.worker = %(worker)s AND e.attempt = done.attempt AND e.status = 'running'
-    RETURNING e.id, e.attempt, done.outcome, done.error
+    SET status = d.status, result = d.result,
+        ended = CASE WHEN d.status = 'requested' THEN NULL ELSE now() END,
+        worker = CASE WHEN d.status = 'requested' THEN NULL ELSE e.worker END,
+        executor = CASE WHEN d.status = 'requested' THEN NULL ELSE e.executor END,
+        started = CASE WHEN d.status = 'requested' THEN NULL ELSE e.started END,
+        not_before = CASE WHEN d.delay IS NULL THEN NULL ELSE now() + make_interval(secs => d.delay) END
+    FROM decided d
+    WHERE e.id = d.id AND e.worker = %(worker)s AND e.attempt = d.attempt AND e.status IN ('running', 'canceling')
+    RETURNING e.id, e.attempt, d.outcome, d.error
 ), recorded AS (
     UPDATE execution_attempt t
     SET ended = now(), outcome = finished.outcome, error = finished.error

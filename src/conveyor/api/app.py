@@ -1,0 +1,46 @@
+"""The FastAPI application: ``/api/v1`` (bearer tokens), ``/health/*`` and ``/metrics``
+(no auth), the dashboard at ``/``. OpenAPI at ``/api/v1/openapi.json``, docs at ``/docs``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from psycopg_pool import AsyncConnectionPool
+
+import conveyor
+from conveyor.api import dashboard, errors
+from conveyor.api.auth import TokenCache
+from conveyor.api.context import ApiContext
+from conveyor.api.limits import BodyLimit, JsonBodies
+from conveyor.api.routes import dead_letters, executions, health, resources
+from conveyor.config import Settings
+from conveyor.transport.base import Transport
+
+DESCRIPTION = """Conveyor's REST API. Every `/api/v1` endpoint needs `Authorization: Bearer <token>`
+(create one with `conveyor tokens create --role viewer|operator|admin`). Errors are JSON
+`{"error": "..."}`."""
+
+
+def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport) -> FastAPI:
+    app = FastAPI(
+        title="Conveyor",
+        version=conveyor.__version__,
+        description=DESCRIPTION,
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ApiContext(settings, pool, transport)
+    app.state.tokens = TokenCache(pool)
+    errors.install(app)
+    v1 = APIRouter(prefix="/api/v1")
+    v1.include_router(executions.router)
+    v1.include_router(resources.router)
+    v1.include_router(dead_letters.router)
+    app.include_router(v1)
+    app.include_router(health.router)
+    app.include_router(dashboard.router)
+    app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    return app

@@ -1,0 +1,18 @@
+"""The dashboard: server-rendered pages (Jinja2, autoescaped) at ``/``, ``/executions``,
+``/workers`` and ``/dead-letters``, kept live by a small script that polls HTML fragments
+of the same templates (``/_live/...``) and patches the page in place. Sign-in takes an
+API token and keeps it in an HttpOnly, SameSite=Strict cookie; state changes go through
+``/api/v1`` with ``fetch`` (the cookie authenticates; ``auth.py`` requires the dashboard's
+custom header on them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from conveyor.api.dashboard import pages, web
+
+router = APIRouter(include_in_schema=False)
+router.include_router(web.router)
+router.include_router(pages.router)
+
+__all__ = ["router"]

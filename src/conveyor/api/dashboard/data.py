@@ -1,0 +1,145 @@
+"""What each dashboard view shows, read with the named queries (``read.sql``, ``api.sql``,
+``dead_letters.sql``, ``dashboard.sql``). Ages and rates come from the database clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from conveyor.domain.status import TERMINAL, ExecutionStatus
+from conveyor.store.queries import Q
+from conveyor.transport.messages import REASONS
+
+STATUSES = [s.value for s in ExecutionStatus]
+FINISHED = {s.value for s in TERMINAL}
+RESOLUTIONS = ("pending", "rescheduled", "failed", "stale", "invalid", "replayed")
+PAGE = 50
+_MAX_ID = 2**62
+
+
+class NotFound(Exception):
+    pass
+
+
+def _text(params: Mapping[str, str], key: str, limit: int = 255) -> str | None:
+    value = params.get(key, "").strip()
+    return value[:limit] or None
+
+
+def _id(params: Mapping[str, str], key: str, problems: list[str]) -> int | None:
+    raw = params.get(key, "").strip()
+    if not raw:
+        return None
+    if raw.isdigit() and 1 <= int(raw) <= _MAX_ID:
+        return int(raw)
+    problems.append(f"{key} must be a positive integer")
+    return None
+
+
+def _choice(params: Mapping[str, str], key: str, choices: Any, problems: list[str]) -> str | None:
+    value = _text(params, key)
+    if value is not None and value not in choices:
+        problems.append(f"unknown {key} {value!r}")
+        return None
+    return value
+
+
+@dataclass(slots=True)
+class ExecutionFilters:
+    status: str | None = None
+    action: str | None = None
+    worker: str | None = None
+    before: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> ExecutionFilters:
+        problems: list[str] = []
+        status = _choice(params, "status", STATUSES, problems)
+        before = _id(params, "before", problems)
+        return cls(status, _text(params, "action"), _text(params, "worker"), before, problems)
+
+    def query(self, **changes: Any) -> str:
+        values = {"status": self.status, "action": self.action, "worker": self.worker, "before": self.before}
+        values.update(changes)
+        return urlencode({k: v for k, v in values.items() if v is not None})
+
+
+@dataclass(slots=True)
+class DeadLetterFilters:
+    reason: str | None = None
+    resolution: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> DeadLetterFilters:
+        problems: list[str] = []
+        reason = _choice(params, "reason", REASONS, problems)
+        return cls(reason, _choice(params, "resolution", RESOLUTIONS, problems), problems)
+
+    def query(self) -> str:
+        return urlencode({k: v for k, v in (("reason", self.reason), ("resolution", self.resolution)) if v})
+
+
+def _worker(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``list_workers`` row plus ``stale``: active, but no heartbeat within its own bound."""
+    age, bound = row["heartbeat_age"], row["stale_after"]
+    stale = row["status"] == "active" and (age is None or (bound is not None and age > bound))
+    return {**row, "stale": stale}
+
+
+async def workers(conn: Any) -> list[dict[str, Any]]:
+    return [_worker(r) for r in await (await conn.execute(Q["list_workers"])).fetchall()]
+
+
+async def overview(conn: Any) -> dict[str, Any]:
+    counts = dict.fromkeys(STATUSES, 0)
+    for row in await (await conn.execute(Q["counts_by_status"])).fetchall():
+        counts[row["status"]] = row["n"]
+    rates = await (await conn.execute(Q["dashboard_rates"])).fetchone()
+    dlq = await (await conn.execute(Q["dead_letter_stats"])).fetchone()
+    fleet = await workers(conn)
+    tally = {
+        "active": sum(w["status"] == "active" and not w["stale"] for w in fleet),
+        "stale": sum(w["stale"] for w in fleet),
+        "draining": sum(w["status"] == "draining" for w in fleet),
+        "inactive": sum(w["status"] == "inactive" for w in fleet),
+        "cordoned": sum(w["cordoned"] and w["status"] != "inactive" for w in fleet),
+    }
+    unfinished = sum(n for s, n in counts.items() if s not in FINISHED)
+    return {"counts": counts, "unfinished": unfinished, "total": sum(counts.values()), "rates": rates,
+            "dlq": dlq, "workers": tally}  # fmt: skip
+
+
+async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
+    statuses = [filters.status] if filters.status else None
+    params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": None,
+              "until": None, "before": filters.before, "limit": PAGE}  # fmt: skip
+    rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
+    older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
+    return {"executions": rows, "older": older}
+
+
+async def execution(conn: Any, eid: int) -> dict[str, Any]:
+    row = await (await conn.execute(Q["get_execution"], {"id": eid})).fetchone()
+    if row is None:
+        raise NotFound(f"no execution {eid}")
+    attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
+    result = row["result"]
+    output = result if isinstance(result, dict) else {}
+    final = row["status"] in FINISHED and all(a["ended"] is not None for a in attempts)
+    return {"execution": row, "attempts": attempts, "output": output, "final": final}
+
+
+async def actions(conn: Any) -> list[dict[str, Any]]:
+    return list(await (await conn.execute(Q["list_actions"])).fetchall())
+
+
+async def dead_letters(conn: Any, filters: DeadLetterFilters) -> dict[str, Any]:
+    params = {"reason": filters.reason, "resolution": filters.resolution, "execution": None, "queue": None,
+              "since": None, "limit": PAGE}  # fmt: skip
+    rows = await (await conn.execute(Q["list_dead_letters"], params)).fetchall()
+    stats = await (await conn.execute(Q["dead_letter_stats"])).fetchone()
+    return {"dead_letters": rows, "stats": stats, "limit": PAGE}

@@ -1,0 +1,164 @@
+"""The dashboard's pages, and their live parts: ``/_live/<page>`` renders the same partial
+template the page includes, for the page's script to patch in place (every 1.5 s)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from conveyor.api.context import context
+from conveyor.api.dashboard import data
+from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
+from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
+from conveyor.transport.messages import REASONS
+
+router = APIRouter()
+log = structlog.get_logger(__name__)
+Loader = Callable[[Any], Awaitable[dict[str, Any]]]
+
+
+async def _view(request: Request, template: str, load: Loader, live: bool = False) -> Response:
+    """Render ``template`` (``_template`` for a live part) with what ``load`` reads. Pages
+    send a visitor without a valid token to the sign-in form; live parts answer 401, and
+    the script says so."""
+    principal = await principal_of(request)
+    if principal is None:
+        return Response("sign in again", status_code=401, headers=HEADERS) if live else to_login(request)
+    try:
+        async with context(request).pool.connection() as conn:
+            values = await load(conn)
+    except NotFound as exc:
+        if live:
+            return Response(str(exc), status_code=404, headers=HEADERS)
+        return render(request, "error.html", principal, status_code=404, message=str(exc))
+    except psycopg.OperationalError as exc:
+        log.warning("dashboard page failed; database unreachable", path=request.url.path, error=str(exc).strip())
+        if live:
+            return Response("database unavailable", status_code=503, headers={**HEADERS, "Retry-After": "1"})
+        return render(request, "error.html", principal, status_code=503, message="database unavailable; retry later")
+    return render(request, f"_{template}" if live else template, principal, **values)
+
+
+# -- overview -------------------------------------------------------------------------------
+
+_OVERVIEW_TTL = 1.0
+
+
+def _overview_loader(request: Request) -> Loader:
+    """The overview counts whole tables: read at most once a second per API process, however
+    many browsers poll it."""
+    state = request.app.state
+    if not hasattr(state, "dashboard_overview"):
+        state.dashboard_overview = (0.0, {})
+
+    async def load(conn: Any) -> dict[str, Any]:
+        read_at, values = state.dashboard_overview
+        if time.monotonic() - read_at >= _OVERVIEW_TTL:
+            values = await data.overview(conn)
+            state.dashboard_overview = (time.monotonic(), values)
+        return dict(values)
+
+    return load
+
+
+@router.get("/")
+async def overview(request: Request) -> Response:
+    return await _view(request, "overview.html", _overview_loader(request))
+
+
+@router.get("/_live/overview")
+async def overview_live(request: Request) -> Response:
+    return await _view(request, "overview.html", _overview_loader(request), live=True)
+
+
+# -- executions -----------------------------------------------------------------------------
+
+
+def _executions_loader(request: Request, page: bool) -> Loader:
+    filters = ExecutionFilters.parse(request.query_params)
+
+    async def load(conn: Any) -> dict[str, Any]:
+        values = {**await data.executions(conn, filters), "filters": filters}
+        if page:
+            actions = await data.actions(conn)
+            schemas = {a["ref"]: {"schema": a["parameters_schema"], "description": a["description"]} for a in actions}
+            values.update(actions=actions, schemas=schemas, statuses=data.STATUSES,
+                          worker_names=[w["name"] for w in await data.workers(conn)])  # fmt: skip
+        return values
+
+    return load
+
+
+@router.get("/executions")
+async def executions(request: Request) -> Response:
+    return await _view(request, "executions.html", _executions_loader(request, page=True))
+
+
+@router.get("/_live/executions")
+async def executions_live(request: Request) -> Response:
+    return await _view(request, "executions.html", _executions_loader(request, page=False), live=True)
+
+
+def _execution_loader(execution_id: str) -> Loader:
+    async def load(conn: Any) -> dict[str, Any]:
+        if not execution_id.isdigit() or not 1 <= int(execution_id) <= 2**62:
+            raise NotFound(f"no execution {execution_id}")
+        return await data.execution(conn, int(execution_id))
+
+    return load
+
+
+@router.get("/executions/{execution_id}")
+async def execution(request: Request, execution_id: str) -> Response:
+    return await _view(request, "execution.html", _execution_loader(execution_id))
+
+
+@router.get("/_live/executions/{execution_id}")
+async def execution_live(request: Request, execution_id: str) -> Response:
+    return await _view(request, "execution.html", _execution_loader(execution_id), live=True)
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+async def _workers(conn: Any) -> dict[str, Any]:
+    return {"workers": await data.workers(conn)}
+
+
+@router.get("/workers")
+async def workers(request: Request) -> Response:
+    return await _view(request, "workers.html", _workers)
+
+
+@router.get("/_live/workers")
+async def workers_live(request: Request) -> Response:
+    return await _view(request, "workers.html", _workers, live=True)
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+
+def _dead_letters_loader(request: Request) -> Loader:
+    filters = DeadLetterFilters.parse(request.query_params)
+
+    async def load(conn: Any) -> dict[str, Any]:
+        return {**await data.dead_letters(conn, filters), "filters": filters, "reasons": REASONS,
+                "resolutions": data.RESOLUTIONS}  # fmt: skip
+
+    return load
+
+
+@router.get("/dead-letters")
+async def dead_letters(request: Request) -> Response:
+    return await _view(request, "dead_letters.html", _dead_letters_loader(request))
+
+
+@router.get("/_live/dead-letters")
+async def dead_letters_live(request: Request) -> Response:
+    return await _view(request, "dead_letters.html", _dead_letters_loader(request), live=True)

@@ -1,0 +1,72 @@
+"""Every error is JSON ``{"error": "<what is wrong>"}`` with a 4xx status that says whose
+fault it is; a 500 would be a bug. A database outage is a 503 the client may retry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from conveyor.domain.errors import (
+    ConflictError,
+    ConveyorError,
+    ExecutionNotFoundError,
+    InvalidParametersError,
+    NotFoundError,
+    UnknownActionError,
+)
+
+log = structlog.get_logger(__name__)
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = list(exc.errors())
+        if any(p.get("type") == "json_invalid" for p in problems):
+            detail = next(p for p in problems if p.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+            return error(400, f"malformed JSON body: {detail}".rstrip(": "))
+        text = "; ".join(f"{_field(tuple(p.get('loc', ())))}: {p.get('msg', 'invalid')}" for p in problems)
+        return error(422, f"invalid request: {text}", problems=[
+            {"field": _field(tuple(p.get("loc", ()))), "message": p.get("msg", "")} for p in problems
+        ])  # fmt: skip
+
+    @app.exception_handler(ConveyorError)
+    async def conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:
+        if isinstance(exc, ExecutionNotFoundError | NotFoundError):
+            return error(404, str(exc))
+        if isinstance(exc, ConflictError):
+            return error(409, str(exc))
+        if isinstance(exc, UnknownActionError | InvalidParametersError):
+            return error(422, str(exc))
+        return error(400, str(exc))
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_down(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        log.warning("API request failed; database unreachable", path=request.url.path, error=str(exc).strip())
+        return error(503, "database unavailable; retry later", headers={"Retry-After": "1"})
+
+    @app.exception_handler(psycopg.errors.DataError)
+    async def bad_value(request: Request, exc: psycopg.errors.DataError) -> JSONResponse:
+        # Values the checks above let through but PostgreSQL cannot store (e.g. NUL in text,
+        # NaN in JSON): its detail says which ('Token "NaN" is invalid.').
+        detail = f" ({exc.diag.message_detail})" if exc.diag.message_detail else ""
+        return error(422, f"invalid value: {exc.diag.message_primary or exc}{detail}")

@@ -1,0 +1,99 @@
+"""``/api/v1/dead-letters``: list, get, replay, purge (the CLI's operations)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+
+from conveyor.api.auth import Operator, Viewer
+from conveyor.api.context import ApiContext, context
+from conveyor.api.routes.executions import ERRORS
+from conveyor.api.schemas import DeadLetterOut, PurgeOut, ReplayOut
+from conveyor.domain.errors import ConflictError, ConveyorError, NotFoundError
+from conveyor.replay import replay_one
+from conveyor.store.queries import Q
+from conveyor.transport.messages import REASONS
+
+router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
+Ctx = Annotated[ApiContext, Depends(context)]
+RESOLUTIONS = ("pending", "rescheduled", "failed", "stale", "invalid", "replayed")
+Reason = Annotated[str | None, Query(pattern="^(" + "|".join(REASONS) + ")$")]
+Resolution = Annotated[str | None, Query(pattern="^(" + "|".join(RESOLUTIONS) + ")$")]
+Id = Annotated[int | None, Query(ge=1, le=2**62)]
+
+
+@router.get("", response_model=list[DeadLetterOut], responses=ERRORS)
+async def list_dead_letters(
+    ctx: Ctx,
+    _: Viewer,
+    reason: Reason = None,
+    resolution: Resolution = None,
+    execution: Id = None,
+    queue: str | None = None,
+    since: Annotated[float | None, Query(ge=0, le=10**9, description="seconds back")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[dict[str, Any]]:
+    params = {"reason": reason, "resolution": resolution, "execution": execution, "queue": queue,
+              "since": since, "limit": limit}  # fmt: skip
+    async with ctx.pool.connection() as conn:
+        return list(await (await conn.execute(Q["list_dead_letters"], params)).fetchall())
+
+
+def _id(dead_letter_id: int) -> int:
+    if not 1 <= dead_letter_id <= 2**62:
+        raise NotFoundError(f"no dead letter with id {dead_letter_id}")
+    return dead_letter_id
+
+
+@router.get("/{dead_letter_id}", response_model=DeadLetterOut, responses=ERRORS)
+async def get_dead_letter(dead_letter_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+    async with ctx.pool.connection() as conn:
+        row = await (await conn.execute(Q["get_dead_letter"], {"id": _id(dead_letter_id)})).fetchone()
+    if row is None:
+        raise NotFoundError(f"no dead letter with id {dead_letter_id}")
+    return dict(row)
+
+
+@router.post(
+    "/{dead_letter_id}/replay", response_model=ReplayOut, responses={**ERRORS, 409: {"model": ERRORS[422]["model"]}}
+)
+async def replay(dead_letter_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
+    """Publish it again to where it was going (the handlers are guarded: a stale one changes nothing)."""
+    async with ctx.pool.connection() as conn, conn.transaction():
+        outcome = await replay_one(conn, ctx.transport, _id(dead_letter_id), by=f"api:{principal.name}",
+                                   skip_replayed=False)  # fmt: skip
+    if outcome.error is not None:
+        if outcome.error.startswith("no dead letter"):
+            raise NotFoundError(outcome.error)
+        raise ConflictError(outcome.error)
+    return {"id": dead_letter_id, "resolution": "replayed"}
+
+
+@router.delete("", response_model=PurgeOut, responses=ERRORS)
+async def purge(
+    ctx: Ctx,
+    _: Operator,
+    reason: Reason = None,
+    resolution: Resolution = None,
+    execution: Id = None,
+    queue: str | None = None,
+    older_than: Annotated[float | None, Query(ge=0, le=10**9, description="seconds")] = None,
+    include_pending: bool = False,
+    all_: Annotated[bool, Query(alias="all", description="purge without any filter")] = False,
+) -> dict[str, int]:
+    """Delete records matching the filters: resolved ones only unless ``include_pending``."""
+    if (
+        not all_
+        and reason is None
+        and resolution is None
+        and execution is None
+        and queue is None
+        and older_than is None
+    ):
+        raise ConveyorError("purge needs a filter (reason, resolution, execution, queue, older_than) or all=true")
+    params = {"reason": reason, "resolution": resolution, "execution": execution, "queue": queue,
+              "older_than": older_than, "include_pending": include_pending}  # fmt: skip
+    async with ctx.pool.connection() as conn:
+        rows = await (await conn.execute(Q["purge_dead_letters"], params)).fetchall()
+    return {"deleted": len(rows)}

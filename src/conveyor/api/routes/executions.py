@@ -1,0 +1,222 @@
+"""``/api/v1/executions``: request (the seeds' ``curl``), list, get, cancel, rerun, and a
+server-sent-events stream of changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import psycopg
+import structlog
+from fastapi import APIRouter, Depends, Header, Query, Request, status
+from fastapi.responses import StreamingResponse
+from psycopg.types.json import Jsonb
+
+from conveyor.api.auth import Operator, Viewer
+from conveyor.api.context import ApiContext, context
+from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
+from conveyor.domain.errors import ConflictError, ExecutionNotFoundError, UnknownActionError
+from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk import translate_request_error, validate_parameters
+from conveyor.store.queries import Q
+from conveyor.transport.base import Topic
+
+log = structlog.get_logger(__name__)
+router = APIRouter(prefix="/executions", tags=["executions"])
+_LOOK_BACK = timedelta(seconds=5)
+Ctx = Annotated[ApiContext, Depends(context)]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "malformed request (e.g. JSON that does not parse)"},
+    401: {"model": ErrorOut, "description": "missing, invalid or revoked token"},
+    403: {"model": ErrorOut, "description": "the token's role is not enough"},
+    404: {"model": ErrorOut, "description": "not found"},
+    422: {"model": ErrorOut, "description": "invalid input (the message says what)"},
+    503: {"model": ErrorOut, "description": "database unavailable; retry later"},
+}
+WITH_BODY = {**ERRORS, 413: {"model": ErrorOut, "description": "request body over api.max_body_bytes"}}
+
+
+async def request_execution(conn: Any, ref: str, parameters: dict[str, Any]) -> int:
+    action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
+    if action is None:
+        raise UnknownActionError(ref)
+    validate_parameters(ref, action["parameters_schema"], parameters)
+    try:
+        async with conn.transaction():
+            row = await (
+                await conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters)))
+            ).fetchone()
+    except psycopg.Error as exc:  # the database's own checks (CVA01/CVA02) as the SDK reports them
+        translated = translate_request_error(exc, ref)
+        if translated is exc:
+            raise
+        raise translated from None
+    return int(row["id"])
+
+
+async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
+    async with ctx.pool.connection() as conn:
+        row = await (await conn.execute(Q["get_execution"], {"id": eid})).fetchone()
+        if row is None:
+            raise ExecutionNotFoundError(eid)
+        attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
+    return {**row, "attempts": attempts}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=WITH_BODY)
+async def create(body: ExecutionRequest, ctx: Ctx, _: Operator) -> dict[str, Any]:
+    """Request an execution (``requested``); it is validated against the action's parameter schema."""
+    async with ctx.pool.connection() as conn:
+        eid = await request_execution(conn, body.action_ref, body.parameters)
+    return await get_execution(ctx, eid)
+
+
+@router.get("", response_model=ExecutionPage, responses=ERRORS)
+async def list_executions(
+    ctx: Ctx,
+    _: Viewer,
+    status_: Annotated[list[ExecutionStatus] | None, Query(alias="status")] = None,
+    action: str | None = None,
+    worker: Annotated[str | None, Query(description="worker name")] = None,
+    since: Annotated[datetime | None, Query(description="created at or after")] = None,
+    until: Annotated[datetime | None, Query(description="created before")] = None,
+    before: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    params = {"statuses": [s.value for s in status_] if status_ else None, "action": action, "worker": worker,
+              "since": since, "until": until, "before": before, "limit": limit}  # fmt: skip
+    async with ctx.pool.connection() as conn:
+        rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
+    return {"items": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+
+
+@router.get("/stream", responses=ERRORS, response_class=StreamingResponse)
+async def stream(
+    request: Request,
+    ctx: Ctx,
+    _: Viewer,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Server-sent events: an ``execution`` event with an execution's row each time it
+    changed (the row is read every ``api.stream_interval``: changes in between come as one
+    event with the latest state), from now (or after ``Last-Event-ID``: changes of the 5 s
+    before it may come again; the event id names the change), oldest change first; a
+    comment line every 15 s keeps proxies from closing the stream."""
+    cursor = _parse_cursor(last_event_id)
+    sent: dict[tuple[int, datetime], datetime] = {}
+    async with ctx.pool.connection() as conn:
+        now = (await (await conn.execute(Q["stream_start"])).fetchone())["updated"]
+        if cursor is None or cursor[0] > now:  # none, or ahead of the database clock: from now
+            cursor = (now, 0)
+            # Changes already committed now are history: not sent (the look-back would).
+            params = {"updated": cursor[0], "id": cursor[1], "back": cursor[0] - _LOOK_BACK}
+            for row in await (await conn.execute(Q["executions_changed_late"], params)).fetchall():
+                sent[(row["id"], row["updated"])] = row["updated"]
+    interval = ctx.settings.api.stream_interval
+    return StreamingResponse(_events(request, ctx, cursor, interval, sent), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+
+
+def _parse_cursor(value: str | None) -> tuple[datetime, int] | None:
+    if not value:
+        return None
+    when, _, eid = value.rpartition("|")
+    try:
+        cursor = datetime.fromisoformat(when), int(eid)
+    except ValueError:
+        return None
+    # Only what this endpoint sends: an aware time (a naive one cannot be compared with the
+    # rows'), far enough from datetime.min to look back from, an id PostgreSQL can hold.
+    if cursor[0].tzinfo is None or cursor[0].year < 2 or not 0 <= cursor[1] <= 2**62:
+        return None
+    return cursor
+
+
+async def _events(
+    request: Request,
+    ctx: ApiContext,
+    cursor: tuple[datetime, int],
+    interval: float,
+    sent: dict[tuple[int, datetime], datetime],
+) -> AsyncIterator[str]:
+    """Rows are stamped with their transaction's start time, so a transaction that began
+    earlier may commit after a later one: each poll looks back ``_LOOK_BACK`` behind the
+    cursor and skips (id, updated) pairs already sent."""
+    quiet = 0.0
+    failing = False
+    yield ": stream of execution changes\n\n"
+    while not await request.is_disconnected():
+        try:
+            async with ctx.pool.connection() as conn:
+                params = {"updated": cursor[0], "id": cursor[1], "back": cursor[0] - _LOOK_BACK}
+                rows = await (await conn.execute(Q["executions_changed"], params)).fetchall()
+                rows += await (await conn.execute(Q["executions_changed_late"], params)).fetchall()
+            failing = False
+        except psycopg.OperationalError as exc:  # the database is away: keep the stream, poll again
+            if not failing:
+                log.warning("event stream poll failed; database unreachable", error=str(exc).strip())
+            failing, rows = True, []
+        fresh = [r for r in rows if (r["id"], r["updated"]) not in sent]
+        for row in fresh:
+            sent[(row["id"], row["updated"])] = row["updated"]
+            cursor = max(cursor, (row["updated"], row["id"]))
+            data = json.dumps(row, default=_json_default, separators=(",", ":"))
+            yield f"id: {row['updated'].isoformat()}|{row['id']}\nevent: execution\ndata: {data}\n\n"
+        horizon = cursor[0] - _LOOK_BACK
+        sent = {key: when for key, when in sent.items() if when >= horizon}
+        if len(fresh) >= 500:
+            continue
+        quiet = 0.0 if fresh else quiet + interval
+        if quiet >= 15:
+            quiet = 0.0
+            yield ": keepalive\n\n"
+        await asyncio.sleep(interval)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+@router.get("/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
+async def get(execution_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+    return await get_execution(ctx, _valid_id(execution_id))
+
+
+def _valid_id(eid: int) -> int:
+    if not 1 <= eid <= 2**62:
+        raise ExecutionNotFoundError(eid)
+    return eid
+
+
+@router.post("/{execution_id}/cancel", response_model=CancelOut, responses={**ERRORS, 409: {"model": ErrorOut}})
+async def cancel(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
+    """Not started yet: ``cancelled`` at once. Running: ``canceling``, then ``cancelled`` once
+    its worker stopped it (process group killed). Finished: 409."""
+    eid = _valid_id(execution_id)
+    async with ctx.pool.connection() as conn, conn.transaction():
+        row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
+        if row is None:
+            raise ExecutionNotFoundError(eid)
+        if row["now"] is None:
+            raise ConflictError(f"execution {eid} is {row['was']}: nothing to cancel")
+        if row["now"] == "canceling" and row["worker"] is not None:
+            await ctx.transport.publish(conn, Topic.WORKER, worker_ids=[row["worker"]])
+        else:
+            await ctx.transport.publish(conn, Topic.COMPLETED, execution_ids=[eid])
+            await ctx.transport.publish(conn, Topic.CAPACITY)
+    return {"id": eid, "status": row["now"]}
+
+
+@router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,
+             responses=ERRORS)  # fmt: skip
+async def rerun(execution_id: int, ctx: Ctx, _: Operator) -> dict[str, Any]:
+    """A new execution of the same action with the same parameters."""
+    original = await get_execution(ctx, _valid_id(execution_id))
+    async with ctx.pool.connection() as conn:
+        eid = await request_execution(conn, original["action_ref"], original["parameters"])
+    return await get_execution(ctx, eid)

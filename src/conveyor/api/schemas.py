@@ -1,0 +1,146 @@
+"""Request and response bodies (and so the OpenAPI document)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExecutionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action_ref: str = Field(..., min_length=1, max_length=255, examples=["core.echo"])
+    parameters: dict[str, Any] = Field(default_factory=dict, examples=[{"message": "test"}])
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    worker: int | None
+    worker_name: str | None
+    scheduled: datetime | None
+    started: datetime | None
+    ended: datetime | None
+    outcome: str | None
+    error: str | None
+
+
+class ExecutionOut(BaseModel):
+    id: int
+    action_ref: str
+    parameters: dict[str, Any]
+    status: str
+    result: Any = None
+    worker: int | None
+    worker_name: str | None
+    executor: str | None
+    parent: int | None
+    enforcement: int | None
+    attempt: int
+    created: datetime
+    updated: datetime
+    scheduled: datetime | None
+    started: datetime | None
+    ended: datetime | None
+    attempts: list[AttemptOut] | None = None
+
+
+class ExecutionPage(BaseModel):
+    items: list[ExecutionOut]
+    next_cursor: int | None = Field(None, description="pass as `before` for the next (older) page")
+
+
+class CancelOut(BaseModel):
+    id: int
+    status: str
+
+
+class ActionOut(BaseModel):
+    ref: str
+    pack: str
+    name: str
+    description: str
+    runner_type: str
+    runtime: str
+    parameters_schema: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+class WorkerOut(BaseModel):
+    id: int
+    name: str
+    worker_role: str
+    status: str
+    cordoned: bool
+    runtimes: list[str]
+    capacity: int
+    load: int
+    host: str | None
+    pid: int | None
+    last_heartbeat: datetime | None
+    heartbeat_age: float | None
+    stale_after: float | None
+    created: datetime
+    updated: datetime
+
+
+class WorkerChange(BaseModel):
+    name: str
+    status: str
+    cordoned: bool | None = None
+    handed_back: int | None = None
+
+
+class DeadLetterOut(BaseModel):
+    id: int
+    message_id: str | None
+    transport: str
+    queue: str
+    routing_key: str
+    reason: str
+    message_type: str | None
+    execution: int | None
+    attempt: int | None
+    worker: int | None
+    deliveries: int
+    first_seen: datetime
+    resolution: str | None
+    resolved: datetime | None
+    detail: str | None
+    error: str | None
+    payload: dict[str, Any] | None = None
+
+
+class ReplayOut(BaseModel):
+    id: int
+    resolution: str
+
+
+class PurgeOut(BaseModel):
+    deleted: int
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=200)
+    role: str = Field(..., pattern="^(viewer|operator|admin)$")
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    prefix: str
+    created: datetime
+    last_used: datetime | None = None
+    revoked: datetime | None = None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(..., description="shown once; store it now")
+
+
+class ErrorOut(BaseModel):
+    error: str

@@ -1,0 +1,362 @@
+"""``conveyor dead-letters list|show|replay|purge``: the ``dead_letter`` table.
+
+Every dead-lettered message (both transports) is recorded there by the executors'
+handler (``executor/dead_letters.py``) and resolved; these commands let an operator
+look at the records, publish a message again, and delete records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.table import Table
+
+from conveyor.cli.context import JsonOption, console, err_console, print_json, state, when
+from conveyor.config import Settings
+from conveyor.domain.errors import ConveyorError
+from conveyor.embedded import resolve_url
+from conveyor.replay import Outcome, replay_one
+from conveyor.store.db import Row, connect_sync, make_pool
+from conveyor.store.queries import Q
+from conveyor.transport import make_transport
+
+app = typer.Typer(help="Inspect, replay and purge dead-lettered messages.", no_args_is_help=True)
+
+APPLICATION_NAME = "conveyor-cli"
+REPLAYED_BY = "cli"
+
+
+class Reason(StrEnum):
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    POISON = "poison"
+    MAX_REDELIVERIES = "max_redeliveries"
+
+
+class Resolution(StrEnum):
+    PENDING = "pending"
+    RESCHEDULED = "rescheduled"
+    FAILED = "failed"
+    STALE = "stale"
+    INVALID = "invalid"
+    REPLAYED = "replayed"
+
+
+# -- durations ----------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``1d`` (fractions allowed: ``1.5h``)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise typer.BadParameter(f"{text!r} is not a duration: give seconds (90) or a number with s, m, h or d (15m)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+# -- shared options -----------------------------------------------------------------------
+
+ReasonOption = Annotated[Reason | None, typer.Option(help="Only this reason.")]
+ResolutionOption = Annotated[
+    Resolution | None, typer.Option(help="Only this resolution ('pending': not resolved yet).")
+]
+ExecutionOption = Annotated[
+    int | None, typer.Option("--execution", metavar="ID", help="Only dead letters about this execution.")
+]
+QueueOption = Annotated[str | None, typer.Option("--queue", metavar="NAME", help="Only this queue.")]
+SinceOption = Annotated[
+    float | None,
+    typer.Option(parser=parse_duration, metavar="DURATION", help="Only first seen within this long (90, 15m, 2h, 1d)."),
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    reason: Reason | None = None
+    resolution: Resolution | None = None
+    execution: int | None = None
+    queue: str | None = None
+    since: float | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.reason, self.resolution, self.execution, self.queue, self.since))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason.value if self.reason else None,
+            "resolution": self.resolution.value if self.resolution else None,
+            "execution": self.execution,
+            "queue": self.queue,
+            "since": self.since,
+        }
+
+
+# -- database -------------------------------------------------------------------------------
+
+
+@contextmanager
+def _connect() -> Iterator[psycopg.Connection[Row]]:
+    settings = state.loaded.settings
+    schema = settings.database.schema_name
+    with connect_sync(resolve_url(settings), schema, APPLICATION_NAME, autocommit=True) as conn:
+        try:
+            yield conn
+        except psycopg.errors.UndefinedTable as exc:
+            raise _no_table(schema) from exc
+
+
+def _no_table(schema: str) -> ConveyorError:
+    return ConveyorError(
+        f"schema {schema!r} has no dead_letter table: it was migrated by an older Conveyor; "
+        "run `conveyor migrate` with this version first"
+    )
+
+
+def _resolution(value: str | None) -> str:
+    return value or "pending"
+
+
+_RESOLUTION_STYLE = {
+    "pending": "yellow",
+    "rescheduled": "green",
+    "failed": "red",
+    "stale": "dim",
+    "invalid": "red",
+    "replayed": "cyan",
+}
+
+
+def _styled(resolution: str | None) -> str:
+    text = _resolution(resolution)
+    return f"[{_RESOLUTION_STYLE.get(text, 'white')}]{text}[/]"
+
+
+# -- list -----------------------------------------------------------------------------------
+
+
+@app.command("list")
+def list_(
+    reason: ReasonOption = None,
+    resolution: ResolutionOption = None,
+    execution: ExecutionOption = None,
+    queue: QueueOption = None,
+    since: SinceOption = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    as_json: bool = JsonOption,
+) -> None:
+    """Newest dead letters first."""
+    filters = Filters(reason, resolution, execution, queue, since)
+    with _connect() as conn:
+        rows = conn.execute(Q["list_dead_letters"], {**filters.params(), "limit": limit}).fetchall()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(
+        "id", "first seen", "reason", "resolution", "queue", "routing key", "execution", "attempt", "deliveries",
+        "detail",
+    )  # fmt: skip
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            when(r["first_seen"]),
+            r["reason"],
+            _styled(r["resolution"]),
+            r["queue"],
+            r["routing_key"] or "-",
+            _text(r["execution"]),
+            _text(r["attempt"]),
+            str(r["deliveries"]),
+            r["detail"] or r["error"] or "",
+        )
+    console.print(table)
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+# -- show -----------------------------------------------------------------------------------
+
+
+def _get(conn: psycopg.Connection[Row], dead_letter_id: int) -> Row:
+    row = conn.execute(Q["get_dead_letter"], {"id": dead_letter_id}).fetchone()
+    if row is None:
+        raise ConveyorError(f"no dead letter with id {dead_letter_id}")
+    return row
+
+
+@app.command()
+def show(
+    dead_letter_id: Annotated[int, typer.Argument(metavar="ID", help="Dead letter id")], as_json: bool = JsonOption
+) -> None:
+    """One dead letter: every column, with the message body (payload) and headers."""
+    with _connect() as conn:
+        row = _get(conn, dead_letter_id)
+    if as_json:
+        print_json(row)
+        return
+    console.print(
+        f"[bold]dead letter {row['id']}[/]  {row['reason']}  {_styled(row['resolution'])}  "
+        f"({row['transport']} transport)"
+    )
+    for key, value in row.items():
+        if key in ("payload", "headers"):
+            continue
+        if key == "resolution":
+            value = _resolution(value)
+        elif key in ("first_seen", "last_seen", "resolved") and value is not None:
+            value = f"{when(value)}  ({value.isoformat()})"
+        console.print(f"  {key:<13} {_text(value)}", markup=False, highlight=False)
+    for key in ("payload", "headers"):
+        console.print(f"  {key}:", highlight=False)
+        text = textwrap.indent(json.dumps(row[key], indent=2, sort_keys=True), "    ")
+        console.print(text, markup=False, highlight=False)
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed: bool) -> list[Outcome]:
+    """Each letter in its own transaction: lock it, publish it again through the
+    configured transport (a NOTIFY, or an outbox row for the relay), mark it replayed."""
+    schema = settings.database.schema_name
+    pool = make_pool(url, schema, APPLICATION_NAME, 2)
+    await pool.open(wait=True, timeout=10)
+    outcomes: list[Outcome] = []
+    try:
+        transport = make_transport(settings, url, pool, relay=False, application_name=APPLICATION_NAME)
+        for dead_letter_id in ids:
+            async with pool.connection() as conn, conn.transaction():
+                outcome = await replay_one(conn, transport, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
+            _report(outcome)
+            outcomes.append(outcome)
+    except psycopg.errors.UndefinedTable as exc:
+        raise _no_table(schema) from exc
+    finally:
+        await pool.close()
+    return outcomes
+
+
+def _report(outcome: Outcome) -> None:
+    if outcome.error:
+        err_console.print(f"[red]error:[/] {outcome.error}", highlight=False)
+    elif outcome.skipped:
+        console.print(f"dead letter {outcome.id}: skipped ({outcome.skipped})", highlight=False)
+    else:
+        console.print(f"dead letter {outcome.id}: replayed to {outcome.routing_key}", highlight=False)
+
+
+def _confirm(question: str) -> bool:
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:  # end of input, Ctrl-C
+        return False
+
+
+def _summary(ids: list[int], shown: int = 10) -> str:
+    listed = ", ".join(str(i) for i in ids[:shown])
+    return listed + (", …" if len(ids) > shown else "")
+
+
+@app.command()
+def replay(
+    ids: Annotated[list[int] | None, typer.Argument(metavar="ID", help="Dead letter ids.")] = None,
+    reason: ReasonOption = None,
+    resolution: ResolutionOption = None,
+    execution: ExecutionOption = None,
+    queue: QueueOption = None,
+    since: SinceOption = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With filters: replay at most this many.")] = 1000,
+    yes: YesOption = False,
+) -> None:
+    """Publish dead-lettered messages again to where they were going, and mark them
+    replayed. Give ids, or filters (asks for confirmation unless --yes); with filters,
+    letters already replayed are left out unless --resolution replayed."""
+    filters = Filters(reason, resolution, execution, queue, since)
+    if ids and filters.given:
+        raise ConveyorError("give dead letter ids or filters, not both")
+    if not ids and not filters.given:
+        raise ConveyorError(
+            "replay needs dead letter ids or at least one filter "
+            "(--reason, --resolution, --execution, --queue, --since)"
+        )
+    settings = state.loaded.settings
+    url = resolve_url(settings)
+    if ids:
+        selected = list(dict.fromkeys(ids))
+    else:
+        include_replayed = resolution is Resolution.REPLAYED
+        with _connect() as conn:
+            params = {**filters.params(), "include_replayed": include_replayed, "limit": limit + 1}
+            selected = [r["id"] for r in conn.execute(Q["select_dead_letters"], params).fetchall()]
+        if not selected:
+            console.print("no dead letters match")
+            return
+        more = len(selected) > limit
+        selected = selected[:limit]
+        if more:
+            console.print(f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)")
+        if not yes and not _confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?"):
+            raise ConveyorError("not confirmed; nothing replayed (--yes skips the question)")
+    outcomes = asyncio.run(
+        _replay(settings, url, selected, skip_replayed=not ids and resolution is not Resolution.REPLAYED)
+    )
+    if any(o.error for o in outcomes):
+        raise typer.Exit(1)
+
+
+# -- purge -----------------------------------------------------------------------------------
+
+
+@app.command()
+def purge(
+    reason: ReasonOption = None,
+    resolution: ResolutionOption = None,
+    execution: ExecutionOption = None,
+    queue: QueueOption = None,
+    older_than: Annotated[
+        float | None,
+        typer.Option(
+            parser=parse_duration, metavar="DURATION", help="Only first seen longer ago than this (90, 15m, 2h, 1d)."
+        ),
+    ] = None,
+    include_pending: Annotated[bool, typer.Option(help="Also delete letters not resolved yet.")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="No filter: every (resolved) dead letter.")] = False,
+    yes: YesOption = False,
+) -> None:
+    """Delete dead-letter records: resolved ones only unless --include-pending. Needs
+    a filter or --all; asks for confirmation unless --yes."""
+    filters = Filters(reason, resolution, execution, queue)
+    if not filters.given and older_than is None and not all_:
+        raise ConveyorError(
+            "purge needs at least one filter (--reason, --resolution, --execution, --queue, --older-than) or --all"
+        )
+    if resolution is Resolution.PENDING and not include_pending:
+        raise ConveyorError("--resolution pending selects unresolved dead letters: add --include-pending to purge them")
+    params = {**filters.params(), "older_than": older_than, "include_pending": include_pending}
+    del params["since"]
+    with _connect() as conn:
+        row = conn.execute(Q["count_purgeable_dead_letters"], params).fetchone()
+        count = int(row["count"]) if row else 0
+        if count == 0:
+            console.print("no dead letters to purge")
+            return
+        what = "dead letter(s)" if include_pending else "resolved dead letter(s)"
+        if not yes and not _confirm(f"Delete {count} {what}?"):
+            raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
+        deleted = len(conn.execute(Q["purge_dead_letters"], params).fetchall())
+    console.print(f"purged {deleted} dead letter(s)")

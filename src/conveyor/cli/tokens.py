@@ -1,0 +1,63 @@
+"""``conveyor tokens create|list|revoke``: API and dashboard tokens."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from conveyor.cli.context import JsonOption, console, err_console, print_json, state, when
+from conveyor.domain.errors import ConveyorError
+from conveyor.domain.tokens import Role, token_row
+from conveyor.store.queries import Q
+
+
+class RoleName(StrEnum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+
+app = typer.Typer(help="API and dashboard tokens (stored hashed; shown once).", no_args_is_help=True)
+
+
+@app.command()
+def create(
+    role: Annotated[RoleName, typer.Option(help="viewer reads; operator also runs and cancels; admin manages")],
+    name: Annotated[str | None, typer.Option(help="What the token is for (shown in listings)")] = None,
+) -> None:
+    """Create a token and print it once: alone on the last line of stdout, for scripts."""
+    label = name or f"{role.value} token"
+    token, params = token_row(label, Role[role.value])
+    with state.client() as client, client.conn.transaction():
+        row = client.conn.execute(Q["create_token"], params).fetchone()
+    assert row is not None
+    err_console.print(f"token {row['id']} ({label}, {role.value}) created; it is shown only now:")
+    print(token, flush=True)
+
+
+@app.command("list")
+def list_(as_json: bool = JsonOption) -> None:
+    """Every token (never the token itself: its first characters)."""
+    with state.client() as client:
+        rows = list(client.conn.execute(Q["list_tokens"]).fetchall())
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "name", "role", "starts with", "created", "last used", "revoked")
+    for r in rows:
+        table.add_row(str(r["id"]), r["name"], r["role"], r["prefix"] + "…", when(r["created"]),
+                      when(r["last_used"]), when(r["revoked"]))  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def revoke(token_id: Annotated[int, typer.Argument(help="Token id (see `tokens list`)")]) -> None:
+    """Revoke a token: refused by the API within seconds."""
+    with state.client() as client:
+        row = client.conn.execute(Q["revoke_token"], {"id": token_id}).fetchone()
+    if row is None:
+        raise ConveyorError(f"no live token with id {token_id}")
+    console.print(f"token {token_id} revoked")

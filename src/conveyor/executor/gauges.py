@@ -1,0 +1,109 @@
+"""Gauges of shared state, read from the database by each executor (the duty
+``ExecutorService._refresh_gauges``, every ``executor.metrics_interval``):
+
+- ``conveyor_executions{status,action}``: executions not finished yet, per non-terminal
+  status and action (zeros included);
+- ``conveyor_workers{status}``: action workers ``active``, ``draining``, ``inactive``, and
+  ``stale`` (active, heartbeat older than its ``stale_after``: dead but not swept yet);
+- ``conveyor_worker_heartbeat_age_seconds{worker}``: per worker not marked inactive;
+- ``conveyor_scheduled_oldest_seconds`` and ``conveyor_requested_oldest_seconds``: age of
+  the oldest execution dispatched but not started, and waiting to be placed.
+
+Ages use the database clock. Each refresh replaces the whole snapshot, so a worker that
+left drops out of the heartbeat series. The collector exports nothing until this process
+refreshed once: workers and API processes do not report zeros they never measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily, Metric
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.store.queries import Q
+
+WORKER_STATUSES = ("active", "draining", "inactive", "stale")
+
+
+def _families() -> dict[str, GaugeMetricFamily]:
+    return {
+        "executions": GaugeMetricFamily(
+            "conveyor_executions",
+            "Executions not finished yet, by status (requested, scheduling, scheduled, running, canceling) and action",
+            labels=["status", "action"],
+        ),
+        "workers": GaugeMetricFamily(
+            "conveyor_workers",
+            "Action workers by status; stale = active with a heartbeat older than its stale_after (not swept yet)",
+            labels=["status"],
+        ),
+        "heartbeat_age": GaugeMetricFamily(
+            "conveyor_worker_heartbeat_age_seconds",
+            "Seconds since the last heartbeat of each worker not marked inactive (database clock)",
+            labels=["worker"],
+        ),
+        "scheduled_oldest": GaugeMetricFamily(
+            "conveyor_scheduled_oldest_seconds",
+            "Age of the oldest execution dispatched to a worker but not started (0 when none)",
+        ),
+        "requested_oldest": GaugeMetricFamily(
+            "conveyor_requested_oldest_seconds",
+            "Age of the oldest execution waiting to be placed, not counting a backoff (0 when none)",
+        ),
+    }
+
+
+class DatabaseGauges:
+    """A Prometheus collector serving the last snapshot read from the database."""
+
+    def __init__(self) -> None:
+        self._snapshot: list[Metric] = []
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_families().values())
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._snapshot)
+
+    def publish(
+        self,
+        executions: Iterable[dict[str, Any]],
+        workers: dict[str, Any],
+        heartbeats: Iterable[dict[str, Any]],
+        backlog: dict[str, Any],
+    ) -> None:
+        """Replace the snapshot with rows of the ``metrics.sql`` queries."""
+        f = _families()
+        for row in executions:
+            f["executions"].add_metric([row["status"], row["action"]], row["count"])
+        for status in WORKER_STATUSES:
+            f["workers"].add_metric([status], workers[status])
+        for row in heartbeats:
+            f["heartbeat_age"].add_metric([row["name"]], row["age"])
+        f["scheduled_oldest"].add_metric([], backlog["scheduled_oldest"])
+        f["requested_oldest"].add_metric([], backlog["requested_oldest"])
+        self._snapshot = list(f.values())
+
+    def clear(self) -> None:
+        self._snapshot = []
+
+
+GAUGES = DatabaseGauges()
+REGISTRY.register(GAUGES)
+
+
+async def refresh(pool: AsyncConnectionPool[Any]) -> None:
+    """Read the gauges from the database (one connection, one snapshot) and publish them."""
+    async with pool.connection() as conn, conn.transaction():
+        # One snapshot: every statement sees the same data and the same now().
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        executions = await (await conn.execute(Q["execution_gauges"])).fetchall()
+        workers = await (await conn.execute(Q["worker_gauges"])).fetchone()
+        heartbeats = await (await conn.execute(Q["worker_heartbeat_ages"])).fetchall()
+        backlog = await (await conn.execute(Q["backlog_ages"])).fetchone()
+    assert workers is not None
+    assert backlog is not None
+    GAUGES.publish(executions, workers, heartbeats, backlog)

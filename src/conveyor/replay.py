@@ -1,0 +1,73 @@
+"""Replaying dead letters (CLI and API): publish a letter again to where it was going,
+checked with the consumers' own rules first so a replay is not simply rejected again."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import Row
+from conveyor.store.queries import Q
+from conveyor.transport import messages as m
+from conveyor.transport.base import Transport
+
+
+class NotReplayableError(ConveyorError):
+    """A dead letter that cannot be published again as it is."""
+
+
+def replayable(row: Row) -> tuple[str, str, dict[str, Any]]:
+    """(routing key, message type, inner payload) to publish again, checked with the
+    consumers' own rules so a replayed message is not simply rejected again."""
+    payload = row["payload"]
+    if row["resolution"] == "invalid" or not isinstance(payload, dict) or "raw" in payload:
+        raise NotReplayableError("its body is not a Conveyor message (resolution invalid); inspect it with `show`")
+    try:
+        envelope = m.decode(json.dumps(payload).encode())
+        if envelope.message_type == m.SCHEDULED:
+            expected = m.Names.worker_key(m.Dispatch.of(envelope).worker_id)
+        else:
+            envelope.ids("worker_ids" if envelope.message_type == m.CAPACITY else "execution_ids")
+            expected = envelope.message_type  # doorbells are routed by their type
+    except m.InvalidMessageError as exc:
+        raise NotReplayableError(f"its body is not a valid Conveyor message: {exc}") from None
+    routing_key = row["routing_key"] or expected
+    if routing_key != expected:
+        raise NotReplayableError(
+            f"its routing key {routing_key!r} does not match its {envelope.message_type} message "
+            f"(expected {expected!r})"
+        )
+    return routing_key, envelope.message_type, envelope.payload
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    id: int
+    routing_key: str | None = None
+    error: str | None = None
+    skipped: str | None = None
+
+
+async def replay_one(
+    conn: psycopg.AsyncConnection[Row], transport: Transport, dead_letter_id: int, *, by: str, skip_replayed: bool
+) -> Outcome:
+    """Inside ``conn``'s transaction: lock the letter, publish it again through the
+    configured transport (a NOTIFY, or an outbox row for the relay), mark it replayed."""
+    row = await (await conn.execute(Q["lock_dead_letter"], {"id": dead_letter_id})).fetchone()
+    if row is None:
+        return Outcome(dead_letter_id, error=f"no dead letter with id {dead_letter_id}")
+    if skip_replayed and row["resolution"] == "replayed":
+        return Outcome(dead_letter_id, skipped="replayed meanwhile by someone else")
+    try:
+        routing_key, message_type, inner = replayable(row)
+    except NotReplayableError as exc:
+        return Outcome(dead_letter_id, error=f"dead letter {dead_letter_id} cannot be replayed: {exc}")
+    await transport.replay(conn, routing_key, message_type, inner)
+    previous = row["resolution"] or "pending"
+    detail = f"published again to {routing_key} on the {transport.kind} transport; was {previous}"
+    await conn.execute(Q["mark_replayed"], {"id": dead_letter_id, "by": by, "detail": detail})
+    return Outcome(dead_letter_id, routing_key=routing_key)

@@ -1,0 +1,88 @@
+-- name: create_token
+INSERT INTO api_token (name, role, token_hash, prefix)
+VALUES (%(name)s, %(role)s, %(hash)s, %(prefix)s)
+RETURNING id, name, role, prefix, created;
+
+-- name: token_by_hash
+-- The live token with this hash; marks it used (at most once a minute per token).
+WITH found AS (
+    SELECT id, name, role, last_used FROM api_token WHERE token_hash = %(hash)s AND revoked IS NULL
+), touched AS (
+    UPDATE api_token t SET last_used = now()
+    FROM found WHERE t.id = found.id AND (found.last_used IS NULL OR found.last_used < now() - interval '1 minute')
+)
+SELECT id, name, role FROM found;
+
+-- name: list_tokens
+SELECT id, name, role, prefix, created, last_used, revoked FROM api_token ORDER BY id;
+
+-- name: revoke_token
+UPDATE api_token SET revoked = now() WHERE id = %(id)s AND revoked IS NULL RETURNING id;
+
+-- name: count_admin_tokens
+SELECT count(*)::int AS n FROM api_token WHERE role = 'admin' AND revoked IS NULL;
+
+-- name: api_list_executions
+-- Newest first with keyset pagination on id; every filter optional.
+SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
+       e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
+       e.started, e.ended
+FROM execution e LEFT JOIN worker w ON w.id = e.worker
+WHERE (%(statuses)s::text[] IS NULL OR e.status = ANY(%(statuses)s::text[]))
+  AND (%(action)s::text IS NULL OR e.action_ref = %(action)s)
+  AND (%(worker)s::text IS NULL OR w.name = %(worker)s)
+  AND (%(since)s::timestamptz IS NULL OR e.created >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR e.created < %(until)s)
+  AND (%(before)s::bigint IS NULL OR e.id < %(before)s)
+ORDER BY e.id DESC
+LIMIT %(limit)s;
+
+-- name: executions_changed
+-- Executions whose row changed after the cursor (updated, id), oldest change first:
+-- the event stream's page.
+SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name, e.attempt, e.created,
+       e.updated, e.started, e.ended
+FROM execution e LEFT JOIN worker w ON w.id = e.worker
+WHERE (e.updated, e.id) > (%(updated)s::timestamptz, %(id)s::bigint)
+ORDER BY e.updated, e.id
+LIMIT 500;
+
+-- name: executions_changed_late
+-- Rows stamped just behind the cursor (by a transaction that started earlier but
+-- committed later): the stream skips the ones it already sent.
+SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name, e.attempt, e.created,
+       e.updated, e.started, e.ended
+FROM execution e LEFT JOIN worker w ON w.id = e.worker
+WHERE e.updated > %(back)s::timestamptz AND (e.updated, e.id) <= (%(updated)s::timestamptz, %(id)s::bigint)
+ORDER BY e.updated DESC, e.id DESC
+LIMIT 500;
+
+-- name: stream_start
+SELECT now() AS updated;
+
+-- name: cancel_execution
+-- Cancel: not started yet -> cancelled at once (a scheduled attempt is closed);
+-- running -> canceling, finished as cancelled by its worker (or by recovery if the
+-- worker is gone). Anything else is left as it is and reported.
+WITH target AS (
+    SELECT id, status, worker, attempt FROM execution WHERE id = %(id)s FOR UPDATE
+), moved AS (
+    UPDATE execution e
+    SET status = CASE WHEN target.status = 'running' THEN 'canceling' ELSE 'cancelled' END,
+        ended = CASE WHEN target.status = 'running' THEN NULL ELSE now() END,
+        not_before = NULL,
+        result = CASE WHEN target.status = 'running' THEN e.result
+                      ELSE jsonb_build_object('succeeded', false, 'error', 'cancelled by ' || %(by)s::text,
+                                              'failed_by', 'api') END
+    FROM target
+    WHERE e.id = target.id AND target.status IN ('requested', 'scheduling', 'scheduled', 'running')
+    RETURNING e.id, e.status, e.worker, e.attempt, target.status AS was
+), closed AS (
+    UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled', error = 'cancelled by ' || %(by)s::text
+    FROM moved WHERE moved.was = 'scheduled' AND t.execution = moved.id AND t.attempt = moved.attempt
+)
+SELECT target.id, target.status AS was, moved.status AS now, moved.worker
+FROM target LEFT JOIN moved ON moved.id = target.id;
+
+-- name: canceling_on_worker
+SELECT id, attempt FROM execution WHERE worker = %(worker)s AND status = 'canceling';

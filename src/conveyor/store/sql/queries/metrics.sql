@@ -1,0 +1,43 @@
+-- name: execution_gauges
+-- Executions not finished yet, by status and action, for every known action and every
+-- non-terminal status (zeros included, so a series falls to 0 instead of vanishing).
+-- Terminal statuses are left out: their counts only grow and would scan the whole table.
+WITH counts AS (
+    SELECT status, action_ref, count(*)::int AS n
+    FROM execution
+    WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'canceling')
+    GROUP BY status, action_ref
+)
+SELECT s.status, a.ref AS action, coalesce(c.n, 0) AS count
+FROM action a
+CROSS JOIN unnest(ARRAY['requested', 'scheduling', 'scheduled', 'running', 'canceling']) AS s(status)
+LEFT JOIN counts c ON c.status = s.status AND c.action_ref = a.ref
+ORDER BY a.ref, s.status;
+
+-- name: worker_gauges
+-- Action workers by status, plus stale: active but with a heartbeat older than the
+-- worker's own stale_after (database clock) -- dead, not yet swept.
+SELECT count(*) FILTER (WHERE status = 'active')::int AS active,
+       count(*) FILTER (WHERE status = 'draining')::int AS draining,
+       count(*) FILTER (WHERE status = 'inactive')::int AS inactive,
+       count(*) FILTER (WHERE status = 'active' AND (last_heartbeat IS NULL
+                        OR last_heartbeat < now() - make_interval(secs => stale_after)))::int AS stale
+FROM worker
+WHERE worker_role = 'action';
+
+-- name: worker_heartbeat_ages
+-- Seconds since the last heartbeat of every action worker not marked inactive.
+SELECT name, greatest(extract(epoch FROM now() - last_heartbeat), 0)::float8 AS age
+FROM worker
+WHERE worker_role = 'action' AND status IN ('active', 'draining') AND last_heartbeat IS NOT NULL
+ORDER BY name;
+
+-- name: backlog_ages
+-- Age in seconds (0 when there is none) of the oldest execution dispatched but not
+-- started (since it was scheduled), and of the oldest one waiting to be placed (since
+-- it was requested or its backoff ended; those still waiting out a backoff are left out).
+SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(scheduled)), 0)::float8
+                 FROM execution WHERE status = 'scheduled'), 0) AS scheduled_oldest,
+       coalesce((SELECT greatest(extract(epoch FROM now() - min(greatest(created, not_before))), 0)::float8
+                 FROM execution
+                 WHERE status = 'requested' AND (not_before IS NULL OR not_before <= now())), 0) AS requested_oldest;

@@ -1,0 +1,31 @@
+"""Worker metrics, observed from what the worker already has at hand: the rows of its
+claims and the results it queues (definitions in ``conveyor/metrics.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from conveyor.metrics import EXECUTION_DURATION, EXECUTION_TIMEOUTS, SCHEDULING_LATENCY
+
+
+def observe_claims(rows: Iterable[dict[str, Any]]) -> None:
+    """Scheduling latency (request -> running, database clock) of freshly claimed rows.
+
+    First attempts only: for a re-run (retry or lost worker) the time since the
+    request includes the earlier attempts and their backoffs, which is not latency.
+    Rows without ``since_request`` (claims recovered by ``unknown_claims``) are skipped."""
+    for row in rows:
+        since = row.get("since_request")
+        if since is not None and row.get("attempt") == 1:
+            SCHEDULING_LATENCY.observe(max(0.0, float(since)))
+
+
+def observe_result(action: str | None, outcome: str, result: dict[str, Any]) -> None:
+    """Run time of one attempt by action and outcome, and execution timeouts. A result
+    without a duration (a cancellation) is not a run time."""
+    if outcome == "timeout":
+        EXECUTION_TIMEOUTS.labels("execution").inc()
+    duration = result.get("duration")
+    if isinstance(duration, int | float) and not isinstance(duration, bool):
+        EXECUTION_DURATION.labels(action or "unknown", outcome).observe(max(0.0, float(duration)))

@@ -1,0 +1,465 @@
+"""One contract, both transports, on the real services.
+
+Each test runs on the PostgreSQL transport and on the RabbitMQ transport (outbox, relay,
+quorum queues, dead-letter exchange) with the same assertions: publish after commit
+only, targeted delivery, delivery to a consumer that starts late, ordering where
+promised, duplicate delivery, TTL expiry into dead letters resolved with guarded
+transitions, and a dead-letter handler interrupted mid-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.config import Settings
+from conveyor.executor.dead_letters import EXPIRED_ERROR, DeadLetterHandler
+from conveyor.executor.service import ExecutorService
+from conveyor.store.queries import Q
+from conveyor.transport import make_transport
+from conveyor.transport.base import Doorbell, Topic, Transport
+
+TIMEOUT = 20.0
+BACKDATE = "UPDATE execution SET scheduled = now() - interval '1 hour' WHERE id = %s"  # past any TTL
+
+
+class RecordingBell(Doorbell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rings: list[str] = []
+
+    def ring(self, payload: str = "") -> None:
+        self.rings.append(payload)
+        super().ring(payload)
+
+    def ids(self) -> list[int]:
+        return [int(p) for ring in self.rings for p in ring.split(",") if p]
+
+
+async def until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:  # noqa: ASYNC109
+    """Poll ``predicate`` (sync or async) until truthy, with a deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def settings(transport_kind: str, request: pytest.FixtureRequest) -> Settings:
+    mq: dict[str, Any] = {}
+    if transport_kind == "rabbitmq":
+        mq = {"url": request.getfixturevalue("rabbitmq_url"), "prefix": request.getfixturevalue("mq_prefix")}
+    return Settings(
+        transport=transport_kind,
+        message_queue={**mq, "rabbitmq": {"worker_queue_ttl_ms": 600, "worker_queue_expires_ms": 60_000}},
+        dead_letter={"check_interval": 0.1, "max_deliveries": 3},
+        executor={"poll_interval": 0.2, "scheduled_timeout_reschedules": 1, "timeout_check_interval": 3600},
+        recovery={"sweep_interval": 3600},
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(transport: Transport) -> AsyncIterator[Transport]:
+    ready = asyncio.Event()
+    task = asyncio.create_task(transport.run(ready))
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await ready.wait()
+        yield transport
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def new_transport(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], *, relay: bool) -> Transport:
+    return make_transport(settings, db_url, pool, relay=relay, application_name="contract-test")
+
+
+async def make_worker(pool: AsyncConnectionPool[Any], name: str) -> int:
+    async with pool.connection() as conn:
+        row = await (
+            await conn.execute(
+                "INSERT INTO worker (name, runtimes, actions, capacity, stale_after, lock_grace, lock_epoch,"
+                " last_heartbeat) VALUES (%s, '{python}', '{core.noop}', 10, 3600, 1, pg_postmaster_start_time(),"
+                " now()) RETURNING id",
+                (name,),
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def make_dispatches(conn: Any, worker: int, count: int = 1) -> list[int]:
+    """Executions moved requested -> scheduling -> scheduled onto ``worker`` (attempt 1),
+    as the scheduler does, in ``conn``'s transaction."""
+    rows = await (
+        await conn.execute(
+            "INSERT INTO execution (action_ref) SELECT 'core.noop' FROM generate_series(1, %s) RETURNING id", (count,)
+        )
+    ).fetchall()
+    ids = [r["id"] for r in rows]
+    await conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = ANY(%s)", (ids,))
+    await conn.execute(Q["assign"], {"ids": ids, "workers": [worker] * count, "executor": "t"})
+    return ids
+
+
+async def execution(pool: AsyncConnectionPool[Any], eid: int) -> dict[str, Any]:
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT * FROM execution WHERE id = %s", (eid,))).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def dead_letters(pool: AsyncConnectionPool[Any]) -> list[dict[str, Any]]:
+    async with pool.connection() as conn:
+        return [dict(r) for r in await (await conn.execute("SELECT * FROM dead_letter ORDER BY id")).fetchall()]
+
+
+async def test_published_only_when_committed(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]) -> None:
+    transport = new_transport(settings, db_url, pool, relay=True)
+    bell = RecordingBell()
+    transport.subscribe(Topic.COMPLETED, bell=bell)
+    async with running(transport):
+        async with pool.connection() as conn:
+            with contextlib.suppress(RuntimeError):
+                async with conn.transaction():
+                    await transport.publish(conn, Topic.COMPLETED, execution_ids=[101])
+                    raise RuntimeError("roll back")
+            async with conn.transaction():
+                await transport.publish(conn, Topic.COMPLETED, execution_ids=[102])
+        await until(lambda: 102 in bell.ids(), what="the committed message")
+        # Messages of one publisher arrive in order: the rolled-back one would be first.
+        assert 101 not in bell.ids()
+
+
+async def test_dispatch_reaches_only_its_worker(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    w1, w2 = await make_worker(pool, "w1"), await make_worker(pool, "w2")
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    worker_side = new_transport(settings, db_url, pool, relay=False)
+    bell1, bell2 = RecordingBell(), RecordingBell()
+    worker_side.subscribe(Topic.WORKER, w1, bell=bell1)
+    worker_side.subscribe(Topic.WORKER, w2, bell=bell2)
+    async with running(executor_side), running(worker_side):
+        bell1.rings.clear()
+        bell2.rings.clear()  # the wake-up every subscriber gets on connecting
+        async with pool.connection() as conn, conn.transaction():
+            (first,) = await make_dispatches(conn, w1)
+            await executor_side.publish(conn, Topic.WORKER, worker_ids=[w1], execution_ids=[first])
+        async with pool.connection() as conn, conn.transaction():
+            (second,) = await make_dispatches(conn, w2)
+            await executor_side.publish(conn, Topic.WORKER, worker_ids=[w2], execution_ids=[second])
+        await until(lambda: bell2.rings, what="worker 2 rung")
+        await until(lambda: bell1.rings, what="worker 1 rung")
+        assert len(bell1.rings) == 1
+        assert len(bell2.rings) == 1
+        if settings.transport == "rabbitmq":
+            assert bell1.ids() == [first]
+            assert bell2.ids() == [second]
+
+
+async def test_consumer_started_late_is_woken(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]) -> None:
+    worker = await make_worker(pool, "late")
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    async with running(executor_side):
+        if settings.transport == "rabbitmq":  # the queue exists before its worker ever connects
+            await new_transport(settings, db_url, pool, relay=False).reconcile()
+        async with pool.connection() as conn, conn.transaction():
+            (eid,) = await make_dispatches(conn, worker)
+            await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+        async with pool.connection() as conn:
+            await until(
+                lambda: _outbox_empty(conn) if settings.transport == "rabbitmq" else True, what="outbox relayed"
+            )
+        worker_side = new_transport(settings, db_url, pool, relay=False)
+        bell = RecordingBell()
+        worker_side.subscribe(Topic.WORKER, worker, bell=bell)
+        async with running(worker_side):
+            await until(lambda: bell.rings, what="the late worker is rung")
+            if settings.transport == "rabbitmq":
+                await until(lambda: eid in bell.ids(), what="the message waited in its queue")
+        # Whatever rang it, the worker finds its dispatch by reading its rows.
+        async with pool.connection() as conn:
+            claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
+        assert [r["id"] for r in claimed] == [eid]
+
+
+async def _outbox_empty(conn: Any) -> bool:
+    row = await (await conn.execute("SELECT count(*) AS n FROM outbox")).fetchone()
+    return bool(row["n"] == 0)
+
+
+async def test_duplicate_delivery_is_harmless(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]) -> None:
+    worker = await make_worker(pool, "dup")
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    worker_side = new_transport(settings, db_url, pool, relay=False)
+    bell = RecordingBell()
+    worker_side.subscribe(Topic.WORKER, worker, bell=bell)
+    async with running(executor_side), running(worker_side):
+        bell.rings.clear()
+        async with pool.connection() as conn, conn.transaction():
+            (eid,) = await make_dispatches(conn, worker)
+            for _ in range(2):  # the same dispatch published twice
+                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+        await until(lambda: len(bell.rings) >= (2 if settings.transport == "rabbitmq" else 1), what="both copies")
+        async with pool.connection() as conn:
+            first = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
+            second = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
+        assert [r["id"] for r in first] == [eid]
+        assert second == []
+    attempts = await execution(pool, eid)
+    assert attempts["status"] == "running"
+    assert attempts["attempt"] == 1
+
+
+async def test_dispatch_order_is_kept(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]) -> None:
+    """Promised: one worker receives its dispatches in the order they were committed
+    (RabbitMQ: message order in its queue; PostgreSQL: the claim reads by id)."""
+    worker = await make_worker(pool, "order")
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    worker_side = new_transport(settings, db_url, pool, relay=False)
+    bell = RecordingBell()
+    worker_side.subscribe(Topic.WORKER, worker, bell=bell)
+    made: list[int] = []
+    async with running(executor_side), running(worker_side):
+        for _ in range(5):
+            async with pool.connection() as conn, conn.transaction():
+                ids = await make_dispatches(conn, worker, 20)
+                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=ids)
+            made += ids
+        if settings.transport == "rabbitmq":
+            await until(lambda: len(bell.ids()) >= len(made), what="every dispatch delivered")
+            assert bell.ids() == made
+    async with pool.connection() as conn:
+        claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 1000})).fetchall()
+    assert [r["id"] for r in claimed] == made
+
+
+@pytest.mark.parametrize("reschedules", [1, 0])
+async def test_expired_dispatch_is_dead_lettered_and_resolved(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], reschedules: int
+) -> None:
+    """A worker that looks alive (lock held, heartbeat fresh) but takes nothing: its
+    dispatch expires after the TTL, is recorded, and the execution leaves it --
+    rescheduled while the bound allows (here onto the same worker, the only one), then
+    failed with the seeds' text."""
+    settings.executor.scheduled_timeout_reschedules = reschedules
+    worker = await make_worker(pool, "frozen")
+    async with pool.connection() as holder:
+        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))
+        transport = new_transport(settings, db_url, pool, relay=True)
+        executor = ExecutorService(settings, pool, transport)
+        stop = asyncio.Event()
+        async with running(transport):
+            service = asyncio.create_task(executor.run(stop))
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    (eid,) = await make_dispatches(conn, worker)
+                    await transport.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+                letters = await until(lambda: _resolved(pool, reschedules + 1), what="resolved dead letters")
+            finally:
+                stop.set()
+                await service
+    assert [r["resolution"] for r in letters] == ["rescheduled"] * reschedules + ["failed"]
+    for attempt, letter in enumerate(letters, start=1):
+        assert letter["reason"] == "expired"
+        assert letter["transport"] == settings.transport
+        assert letter["execution"] == eid
+        assert letter["attempt"] == attempt
+        assert letter["worker"] == worker
+        assert letter["queue"] == f"{settings.message_queue.prefix}.worker.{worker}.executions"
+    row = await execution(pool, eid)
+    assert row["status"] == "failed"
+    assert row["attempt"] == reschedules + 1
+    assert row["result"]["error"] == EXPIRED_ERROR
+    assert row["result"]["failed_by"] == "dead_letter_handler"
+    async with pool.connection() as conn:
+        outcomes = await (
+            await conn.execute("SELECT outcome FROM execution_attempt WHERE execution = %s ORDER BY attempt", (eid,))
+        ).fetchall()
+    assert [o["outcome"] for o in outcomes] == ["expired"] * (reschedules + 1)
+
+
+async def _resolved(pool: AsyncConnectionPool[Any], count: int = 1) -> list[dict[str, Any]]:
+    rows = await dead_letters(pool)
+    return rows if len(rows) >= count and all(r["resolution"] for r in rows) else []
+
+
+@dataclass
+class Frozen:
+    """A worker that looks alive (its liveness lock held here, heartbeat fresh) but takes
+    nothing, and an executor-side transport with the dead-letter handler attached."""
+
+    worker: int
+    transport: Transport
+    handler: DeadLetterHandler
+
+
+@contextlib.asynccontextmanager
+async def frozen_worker(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], name: str
+) -> AsyncIterator[Frozen]:
+    worker = await make_worker(pool, name)
+    async with pool.connection() as holder:
+        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))
+        transport = new_transport(settings, db_url, pool, relay=True)
+        handler = DeadLetterHandler(pool, transport, settings, "test")
+        transport.handle_dead_letters(handler)
+        yield Frozen(worker, transport, handler)
+
+
+async def dispatch_to(frozen: Frozen, pool: AsyncConnectionPool[Any], *, expired: bool = False) -> int:
+    """One dispatch to the frozen worker, published; ``expired``: on PostgreSQL, already
+    past the TTL (RabbitMQ's TTL runs from the publish)."""
+    async with pool.connection() as conn, conn.transaction():
+        (eid,) = await make_dispatches(conn, frozen.worker)
+        await frozen.transport.publish(conn, Topic.WORKER, worker_ids=[frozen.worker], execution_ids=[eid])
+        if expired and frozen.transport.kind == "postgres":
+            await conn.execute(BACKDATE, (eid,))
+    return eid
+
+
+async def test_dead_letter_for_an_execution_that_moved_on_is_stale(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    async with frozen_worker(settings, db_url, pool, "moved") as frozen, running(frozen.transport):
+        eid = await dispatch_to(frozen, pool)
+        async with pool.connection() as conn:  # the worker took it just in time
+            await conn.execute(Q["claim_scheduled"], {"worker": frozen.worker, "limit": 10})
+        if settings.transport == "postgres":  # what the executor's check would find: nothing
+            async with pool.connection() as conn:
+                await conn.execute(BACKDATE, (eid,))
+            assert await frozen.handler.expire_dispatches() == 0
+            return
+        letters = await until(lambda: _resolved(pool), what="the expired message handled")
+    assert [(r["reason"], r["resolution"]) for r in letters] == [("expired", "stale")]
+    assert (await execution(pool, eid))["status"] == "running"
+
+
+async def test_interrupted_dead_letter_handling_is_done_once(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """The handler dies while resolving (its connection is terminated while it waits for
+    the execution's row lock): nothing is half-done, and the next handler does it once."""
+    async with frozen_worker(settings, db_url, pool, "interrupted") as frozen:
+        transport, handler = frozen.transport, frozen.handler
+        eid = await dispatch_to(frozen, pool, expired=True)
+        async with pool.connection() as blocker, running(transport):
+            # A plain transaction (not a block) so the lock can be released while the
+            # consumer still runs: the broker redelivers the requeued letter at once, and
+            # that redelivery must find the row free, not wait on the test's own lock.
+            await blocker.execute("SELECT 1 FROM execution WHERE id = %s FOR UPDATE", (eid,))
+            if settings.transport == "postgres":
+                expiring = asyncio.create_task(handler.expire_dispatches())
+            victim = await until(lambda: _waiting_for_lock(pool), what="the handler blocked on the row")
+            async with pool.connection() as conn:
+                await conn.execute("SELECT pg_terminate_backend(%s)", (victim,))
+            if settings.transport == "postgres":
+                with pytest.raises(psycopg.OperationalError):
+                    await expiring
+            else:
+                # The requeued letter comes straight back and waits on the row again.
+                await until(lambda: _waiting_for_lock(pool, besides=victim), what="the requeued letter redelivered")
+            await blocker.rollback()
+            # The lock is gone; the dead letter is still to be handled.
+            if settings.transport == "postgres":
+                assert await handler.expire_dispatches() == 1
+            else:  # a redelivery to the next consumer
+                await until(lambda: _resolved(pool), what="handled after redelivery")
+    letters = await dead_letters(pool)
+    assert [(r["reason"], r["resolution"]) for r in letters] == [("expired", "rescheduled")]
+    assert (await execution(pool, eid))["status"] == "requested"
+
+
+async def _waiting_for_lock(pool: AsyncConnectionPool[Any], besides: int = 0) -> int | None:
+    async with pool.connection() as conn:
+        row = await (
+            await conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND query LIKE '%%FOR UPDATE%%' AND pid <> pg_backend_pid() AND pid <> %s",
+                (besides,),
+            )
+        ).fetchone()
+    return int(row["pid"]) if row else None
+
+
+async def test_poison_dead_letter_is_bounded(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead letter whose handling keeps failing (a bug, not an outage) is tried
+    dead_letter.max_deliveries times, then recorded as poison and left for an operator:
+    no endless loop, nothing lost."""
+    attempts: list[int] = []
+
+    async def broken(self: DeadLetterHandler, conn: Any, dead_letter: Any) -> tuple[str, str]:
+        attempts.append(1)
+        raise RuntimeError("handler bug")
+
+    monkeypatch.setattr(DeadLetterHandler, "_resolve", broken)
+    async with frozen_worker(settings, db_url, pool, "poison") as frozen:
+        eid = await dispatch_to(frozen, pool, expired=True)
+        async with running(frozen.transport):
+            if settings.transport == "postgres":  # the executor's periodic check, run by hand
+                for _ in range(5):
+                    await frozen.handler.expire_dispatches()
+            letters = await until(lambda: dead_letters(pool), what="the poison record")
+    limit = settings.dead_letter.max_deliveries
+    assert len(attempts) == limit
+    (letter,) = letters
+    assert letter["reason"] == "poison"
+    assert letter["resolution"] is None
+    assert letter["execution"] == eid
+    assert "RuntimeError: handler bug" in letter["error"]
+    assert (await execution(pool, eid))["status"] == "scheduled"  # untouched, for the operator (and the monitor)
+
+
+async def test_reconciler_publishes_again_what_waits_too_long(
+    rabbitmq_url: str, mq_prefix: str, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """RabbitMQ only (on PostgreSQL the consumers' polling is the reconciler): a dispatch
+    whose message is gone -- here never published, as if the broker lost it -- is
+    published again once it has waited past message_queue.reconcile_after."""
+    settings = Settings(
+        transport="rabbitmq",
+        message_queue={"url": rabbitmq_url, "prefix": mq_prefix, "reconcile_after": 0.5},
+        executor={"poll_interval": 0.2},
+    )
+    worker = await make_worker(pool, "forgotten")
+    async with pool.connection() as conn, conn.transaction():
+        (eid,) = await make_dispatches(conn, worker)  # no publish: the message is lost
+        await conn.execute("UPDATE execution SET scheduled = now() - interval '1 second' WHERE id = %s", (eid,))
+        await conn.execute("INSERT INTO execution (action_ref) VALUES ('core.noop')")  # waits from now on
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    worker_side = new_transport(settings, db_url, pool, relay=False)
+    worker_bell, executor_bell = RecordingBell(), RecordingBell()
+    worker_side.subscribe(Topic.WORKER, worker, bell=worker_bell)
+    executor_side.subscribe(Topic.REQUESTED, bell=executor_bell)
+    async with running(executor_side), running(worker_side):
+        first = await executor_side.reconcile()
+        assert first["scheduled"] == 1
+        # The request is republished once it has waited reconcile_after (database clock).
+        await until(lambda: _reconciled_requested(executor_side), what="the request republished")
+        await until(lambda: eid in worker_bell.ids(), what="the dispatch published again")
+        await until(lambda: executor_bell.ids(), what="the old request published again")
+        # A message is pending again (the outbox row, until relayed): not published twice over.
+        async with pool.connection() as conn:
+            await until(lambda: _outbox_empty(conn), what="relayed")
+
+
+async def _reconciled_requested(transport: Transport) -> bool:
+    return (await transport.reconcile()).get("requested", 0) == 1
