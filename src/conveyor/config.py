@@ -52,6 +52,14 @@ class ExecutorSettings(_Section):
         1, ge=0, description="times a scheduled-but-never-started execution is moved to another worker before failing"
     )
     metrics_interval: float = Field(15, gt=0, description="seconds between refreshes of the database gauges")
+    exclusive_duties: bool = Field(
+        False,
+        description="run each recovery duty on one replica at a time (pg_try_advisory_xact_lock); "
+        "every duty is safe on all replicas at once, this only cuts duplicate scans",
+    )
+    admission_repair_interval: float = Field(
+        5, gt=0, description="seconds between checks for admission groups with a free slot and a waiter"
+    )
 
 
 class WorkerSettings(_Section):

@@ -7,7 +7,10 @@
   ``stale`` (active, heartbeat older than its ``stale_after``: dead but not swept yet);
 - ``conveyor_worker_heartbeat_age_seconds{worker}``: per worker not marked inactive;
 - ``conveyor_scheduled_oldest_seconds`` and ``conveyor_requested_oldest_seconds``: age of
-  the oldest execution dispatched but not started, and waiting to be placed.
+  the oldest execution dispatched but not started, and waiting to be placed;
+- ``conveyor_admission_slots_held{policy}``, ``conveyor_admission_queue_depth{policy}`` and
+  ``conveyor_admission_oldest_wait_seconds{policy}``: per admission policy (telemetry
+  derived from the admission tables, never consulted for a decision).
 
 Ages use the database clock. Each refresh replaces the whole snapshot, so a worker that
 left drops out of the heartbeat series. The collector exports nothing until this process
@@ -51,7 +54,22 @@ def _families() -> dict[str, GaugeMetricFamily]:
         ),
         "requested_oldest": GaugeMetricFamily(
             "conveyor_requested_oldest_seconds",
-            "Age of the oldest execution waiting to be placed, not counting a backoff (0 when none)",
+            "Age of the oldest execution waiting to be placed, not counting a backoff or admission (0 when none)",
+        ),
+        "admission_held": GaugeMetricFamily(
+            "conveyor_admission_slots_held",
+            "Concurrency slots held by executions admitted under each admission policy",
+            labels=["policy"],
+        ),
+        "admission_waiting": GaugeMetricFamily(
+            "conveyor_admission_queue_depth",
+            "Executions waiting for a slot of each admission policy (method enqueue)",
+            labels=["policy"],
+        ),
+        "admission_oldest": GaugeMetricFamily(
+            "conveyor_admission_oldest_wait_seconds",
+            "How long the longest-waiting execution of each admission policy has waited (0 when none)",
+            labels=["policy"],
         ),
     }
 
@@ -74,6 +92,7 @@ class DatabaseGauges:
         workers: dict[str, Any],
         heartbeats: Iterable[dict[str, Any]],
         backlog: dict[str, Any],
+        admission: Iterable[dict[str, Any]] = (),
     ) -> None:
         """Replace the snapshot with rows of the ``metrics.sql`` queries."""
         f = _families()
@@ -85,6 +104,10 @@ class DatabaseGauges:
             f["heartbeat_age"].add_metric([row["name"]], row["age"])
         f["scheduled_oldest"].add_metric([], backlog["scheduled_oldest"])
         f["requested_oldest"].add_metric([], backlog["requested_oldest"])
+        for row in admission:
+            f["admission_held"].add_metric([row["policy"]], row["held"])
+            f["admission_waiting"].add_metric([row["policy"]], row["waiting"])
+            f["admission_oldest"].add_metric([row["policy"]], row["oldest_wait"])
         self._snapshot = list(f.values())
 
     def clear(self) -> None:
@@ -104,6 +127,7 @@ async def refresh(pool: AsyncConnectionPool[Any]) -> None:
         workers = await (await conn.execute(Q["worker_gauges"])).fetchone()
         heartbeats = await (await conn.execute(Q["worker_heartbeat_ages"])).fetchall()
         backlog = await (await conn.execute(Q["backlog_ages"])).fetchone()
+        admission = await (await conn.execute(Q["admission_gauges"])).fetchall()
     assert workers is not None
     assert backlog is not None
-    GAUGES.publish(executions, workers, heartbeats, backlog)
+    GAUGES.publish(executions, workers, heartbeats, backlog, admission)

@@ -12,6 +12,7 @@ import jsonschema
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor import failpoints
 from conveyor.executor.placement import Candidate, Claim, place
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic, Transport
@@ -56,6 +57,7 @@ class Scheduler:
             rows = await self._claim(conn)
             if not rows:
                 return RoundResult(0, 0, 0, 0)
+            failpoints.reach("scheduler.after_claim")
             failures: dict[int, str] = {}
             claims: list[Claim] = []
             for row in rows:
@@ -74,6 +76,8 @@ class Scheduler:
                         )
                     )
             dispatched, failed, released = await self._dispatch(conn, claims, failures)
+            if dispatched:
+                failpoints.reach("scheduler.after_dispatch")
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
         return RoundResult(len(rows), dispatched, failed, released)
@@ -173,6 +177,18 @@ class Scheduler:
             log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], attempt=row["attempt"],
                         executor=row["executor"])  # fmt: skip
         return len(rows)
+
+    async def repair_admission(self) -> int:
+        """Admit waiters of groups with a free slot that the triggers did not promote
+        (see admission_repair); returns how many. Normally 0."""
+        async with self._pool.connection() as conn, conn.transaction():
+            row = await (await conn.execute(Q["admission_repair"])).fetchone()
+            admitted = int(row["admitted"]) if row else 0
+            if admitted:
+                await self._transport.publish(conn, Topic.REQUESTED)
+        if admitted:
+            log.warning("admitted waiters the admission triggers had left waiting", admitted=admitted)
+        return admitted
 
 
 async def _count(cursor: Any) -> int:

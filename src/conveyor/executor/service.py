@@ -19,6 +19,7 @@ from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
+from conveyor.store.queries import Q
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -69,7 +70,10 @@ class ExecutorService:
                 tg.create_task(self._every(stop, dl.check_interval, self._dead_letters.expire_dispatches),
                                name="executor-expire-dispatches")  # fmt: skip
             tg.create_task(self._every(stop, dl.check_interval, self._dead_letter_upkeep), name="executor-dead-letters")
-            tg.create_task(self._every(stop, cfg.metrics_interval, self._refresh_gauges), name="executor-gauges")
+            tg.create_task(self._every(stop, cfg.metrics_interval, self._refresh_gauges, shared=False),
+                           name="executor-gauges")  # fmt: skip
+            tg.create_task(self._every(stop, cfg.admission_repair_interval, self._repair_admission),
+                           name="executor-admission-repair")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
         log.info("executor stopped", executor=self.executor_id)
@@ -108,17 +112,39 @@ class ExecutorService:
     async def _reclaim(self) -> int:
         return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)
 
-    @staticmethod
-    async def _every(stop: asyncio.Event, interval: float, duty: Callable[[], Awaitable[Any]]) -> None:
+    async def _repair_admission(self) -> int:
+        admitted = await self._scheduler.repair_admission()
+        if admitted:
+            self._bell.ring()
+        return admitted
+
+    async def _every(
+        self, stop: asyncio.Event, interval: float, duty: Callable[[], Awaitable[Any]], *, shared: bool = True
+    ) -> None:
         """Run ``duty`` every ``interval`` until stopped; a database outage is logged and
-        retried at the next tick (these duties are idempotent)."""
+        retried at the next tick (these duties are idempotent). ``shared`` duties are the
+        ones executor.exclusive_duties runs on one replica at a time (not the gauges: each
+        replica serves its own)."""
+        exclusive = shared and self.settings.executor.exclusive_duties
         while not await _sleep_or_stop(stop, interval):
             try:
-                await duty()
+                if exclusive:
+                    await self._exclusively(duty)
+                else:
+                    await duty()
             except psycopg.OperationalError as exc:
                 log.warning("recovery duty failed; database unreachable", duty=duty.__name__, error=str(exc).strip())
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
                 log.exception("recovery duty failed; retried at the next tick", duty=duty.__name__)
+
+    async def _exclusively(self, duty: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``duty`` unless another replica is running it now. The lock is a transaction
+        lock on a connection of its own, held while the duty runs: a replica that dies
+        mid-duty drops it with its session, and the next tick of any replica takes over."""
+        async with self._pool.connection() as conn, conn.transaction():
+            got = await (await conn.execute(Q["try_duty_lock"], {"duty": duty.__name__})).fetchone()
+            if got is not None and got["locked"]:
+                await duty()
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

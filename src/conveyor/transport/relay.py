@@ -20,6 +20,7 @@ import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor import failpoints
 from conveyor.config import Settings
 from conveyor.metrics import OUTBOX_DEPTH, OUTBOX_PUBLISHED, transport_error
 from conveyor.store.queries import Q
@@ -61,6 +62,7 @@ class OutboxRelay:
             rows = await (await conn.execute(Q["outbox_claim"], {"limit": self._batch})).fetchall()
             if not rows:
                 return 0
+            failpoints.reach("relay.before_publish")
             channel = self._transport.publish_channel
             names = self._transport.names
             exchanges = {

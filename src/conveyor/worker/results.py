@@ -15,6 +15,7 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor import failpoints
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic, Transport
 from conveyor.worker.instrument import observe_result
@@ -92,6 +93,9 @@ class ResultWriter:
                 async with self._pool.connection() as conn, conn.pipeline():
                     async with conn.transaction():
                         cursor = await conn.execute(Q["finish"], {**params, "worker": self.worker_id})
+                        if failpoints.armed("worker.before_result_commit"):
+                            await cursor.fetchall()  # the update (and its triggers) done, uncommitted
+                        failpoints.reach("worker.before_result_commit")
                         await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ids)
                         await self._transport.publish(conn, Topic.CAPACITY)
                         if any(f.status == "requested" for f in batch):

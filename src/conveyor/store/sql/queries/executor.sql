@@ -1,11 +1,13 @@
 -- name: claim_requested
 -- Claim a batch of requested executions for this executor (requested -> scheduling),
 -- oldest first, skipping rows another replica holds: only those that a worker with
--- a free slot can run (its code is there, or it offers the subprocess runtime).
+-- a free slot can run (its code is there, or it offers the subprocess runtime), and
+-- not those waiting for admission (an admission policy's queue holds them back).
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
+      AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
       AND (e.action_ref = ANY(%(refs)s::text[])
            OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
@@ -32,6 +34,7 @@ WITH picked AS (
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
       AND e.created <= now() - make_interval(secs => %(grace)s)
+      AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
       AND NOT (e.action_ref = ANY(%(refs)s::text[])
                OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
@@ -137,3 +140,8 @@ UPDATE execution e SET status = 'requested', executor = NULL
 FROM stale
 WHERE e.id = stale.id AND e.status = 'scheduling'
 RETURNING e.id, e.attempt, stale.executor;
+
+-- name: try_duty_lock
+-- One replica at a time per recovery duty (executor.exclusive_duties), for the rest of
+-- the caller's transaction.
+SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.duty.' || %(duty)s, 0)) AS locked;

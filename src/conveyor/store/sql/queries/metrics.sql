@@ -35,9 +35,12 @@ ORDER BY name;
 -- name: backlog_ages
 -- Age in seconds (0 when there is none) of the oldest execution dispatched but not
 -- started (since it was scheduled), and of the oldest one waiting to be placed (since
--- it was requested or its backoff ended; those still waiting out a backoff are left out).
+-- it was requested or its backoff ended; those still waiting out a backoff or waiting
+-- for admission are left out: conveyor_admission_oldest_wait_seconds covers the latter).
 SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(scheduled)), 0)::float8
                  FROM execution WHERE status = 'scheduled'), 0) AS scheduled_oldest,
-       coalesce((SELECT greatest(extract(epoch FROM now() - min(greatest(created, not_before))), 0)::float8
-                 FROM execution
-                 WHERE status = 'requested' AND (not_before IS NULL OR not_before <= now())), 0) AS requested_oldest;
+       coalesce((SELECT greatest(extract(epoch FROM now() - min(greatest(e.created, e.not_before))), 0)::float8
+                 FROM execution e
+                 WHERE e.status = 'requested' AND (e.not_before IS NULL OR e.not_before <= now())
+                   AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)),
+                0) AS requested_oldest;

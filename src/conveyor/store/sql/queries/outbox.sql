@@ -39,6 +39,7 @@ WITH stuck AS (
     SELECT e.id FROM execution e
     WHERE e.status = 'requested' AND e.updated < now() - make_interval(secs => %(after)s)
       AND (e.not_before IS NULL OR e.not_before <= now())
+      AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.routing_key = 'execution.requested')
     ORDER BY e.id
     LIMIT 1000

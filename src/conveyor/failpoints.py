@@ -1,0 +1,53 @@
+"""Crash points: let a test kill this process at an exact place in a protocol.
+
+``CONVEYOR_FAILPOINTS="scheduler.after_claim,relay.before_publish@3"`` makes the process
+SIGKILL itself the first (or the ``@N``-th) time it reaches a named point, so the crash
+windows the seeds name (after a claim, before a publish, between a state change and its
+message) are tested where they are, not approximated with timing. Unset -- always, in
+production -- each point costs one set lookup.
+
+Points: ``scheduler.after_claim`` (claims committed, nothing placed),
+``scheduler.after_dispatch`` (dispatch committed with its message in the outbox or NOTIFY),
+``relay.before_publish`` (outbox rows read, nothing published),
+``worker.before_result_commit`` (a result written -- slot released, next waiter promoted
+-- but not committed).
+
+Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
+while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+ENV = "CONVEYOR_FAILPOINTS"
+
+
+def _parse(spec: str) -> dict[str, int]:
+    points: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, nth = item.partition("@")
+        points[name] = int(nth) if nth else 1
+    return points
+
+
+_ARMED: dict[str, int] = _parse(os.environ.get(ENV, ""))
+
+
+def armed(name: str) -> bool:
+    """True if reaching ``name`` now would crash (lets a caller make its work visible first)."""
+    return _ARMED.get(name) == 1
+
+
+def reach(name: str) -> None:
+    """Count a pass through ``name``; SIGKILL this process on the armed pass."""
+    left = _ARMED.get(name)
+    if left is None:
+        return
+    if left > 1:
+        _ARMED[name] = left - 1
+        return
+    print(f"failpoint {name}: SIGKILL pid {os.getpid()}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
