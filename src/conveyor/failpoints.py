@@ -1,6 +1,6 @@
 """Crash points: let a test kill this process at an exact place in a protocol.
 
-``CONVEYOR_FAILPOINTS="scheduler.after_claim,relay.before_publish@3"`` makes the process
+``CONVEYOR_FAILPOINTS="scheduler.after_claim,relay.before_dispatch_publish@3"`` makes the process
 SIGKILL itself the first (or the ``@N``-th) time it reaches a named point, so the crash
 windows the seeds name (after a claim, before a publish, between a state change and its
 message) are tested where they are, not approximated with timing. Unset -- always, in
@@ -8,7 +8,7 @@ production -- each point costs one set lookup.
 
 Points: ``scheduler.after_claim`` (claims committed, nothing placed),
 ``scheduler.after_dispatch`` (dispatch committed with its message in the outbox or NOTIFY),
-``relay.before_publish`` (outbox rows read, nothing published),
+``relay.before_dispatch_publish`` (outbox rows with dispatches read, nothing published),
 ``worker.before_result_commit`` (a result written -- slot released, next waiter promoted
 -- but not committed).
 

@@ -62,7 +62,8 @@ class OutboxRelay:
             rows = await (await conn.execute(Q["outbox_claim"], {"limit": self._batch})).fetchall()
             if not rows:
                 return 0
-            failpoints.reach("relay.before_publish")
+            if any(_worker_of(r) is not None for r in rows):
+                failpoints.reach("relay.before_dispatch_publish")
             channel = self._transport.publish_channel
             names = self._transport.names
             exchanges = {
