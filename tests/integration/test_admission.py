@@ -383,3 +383,15 @@ async def test_repair_admits_what_the_triggers_could_not_see(
     assert await scheduler(pool, transport).repair_admission() == 1
     assert holders(conn) == [second]
     assert await scheduler(pool, transport).repair_admission() == 0
+
+
+async def test_idle_groups_are_forgotten_busy_ones_kept(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
+    policy(conn, "core.echo", 1, ("message",))
+    (idle,) = request(conn, 1, "core.echo", {"message": "idle"})
+    request(conn, 1, "core.echo", {"message": "busy"})
+    with client_of(conn) as client:
+        client.cancel(idle)
+    conn.execute("UPDATE execution_admission_group SET touched = now() - interval '2 hours'")
+    await scheduler(pool, transport).repair_admission()
+    left = [r["group_key"] for r in conn.execute("SELECT group_key FROM execution_admission_group")]
+    assert left == [{"message": "busy"}]

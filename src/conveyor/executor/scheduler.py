@@ -180,12 +180,15 @@ class Scheduler:
 
     async def repair_admission(self) -> int:
         """Admit waiters of groups with a free slot that the triggers did not promote
-        (see admission_repair); returns how many. Normally 0."""
-        async with self._pool.connection() as conn, conn.transaction():
-            row = await (await conn.execute(Q["admission_repair"])).fetchone()
-            admitted = int(row["admitted"]) if row else 0
-            if admitted:
-                await self._transport.publish(conn, Topic.REQUESTED)
+        (see admission_repair); returns how many, normally 0. Then forget idle groups."""
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                row = await (await conn.execute(Q["admission_repair"])).fetchone()
+                admitted = int(row["admitted"]) if row else 0
+                if admitted:
+                    await self._transport.publish(conn, Topic.REQUESTED)
+            async with conn.transaction():
+                await conn.execute(Q["admission_cleanup"])
         if admitted:
             log.warning("admitted waiters the admission triggers had left waiting", admitted=admitted)
         return admitted

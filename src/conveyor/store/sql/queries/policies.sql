@@ -65,3 +65,26 @@ SELECT coalesce(sum(n), 0)::int AS admitted FROM (
         ORDER BY q.policy, q.group_key
     ) g
 ) promoted;
+
+-- name: policy_in_definition
+-- The policy an action's own definition declares (metadata.policy), if any: the one that
+-- governs it again once an operator's override is deleted.
+SELECT metadata -> 'policy' AS spec FROM action
+WHERE ref = %(target)s AND jsonb_typeof(metadata -> 'policy') = 'object';
+
+-- name: restore_definition_policy
+-- Re-apply an action's own policy (after its operator override was deleted): assigning
+-- metadata fires admission_policy_from_metadata, which inserts it with source 'metadata'.
+UPDATE action SET metadata = metadata
+WHERE ref = %(target)s AND jsonb_typeof(metadata -> 'policy') = 'object'
+RETURNING ref;
+
+-- name: admission_cleanup
+-- Forget groups idle for an hour (no slot, nobody waiting): one row per distinct value
+-- of a grouping parameter would otherwise pile up. Safe against a concurrent request:
+-- admission_lock bumps `touched` before any slot or queue row is added, and this DELETE
+-- re-checks `touched` on the row version it waited for.
+DELETE FROM execution_admission_group g
+WHERE g.touched < now() - interval '1 hour'
+  AND NOT EXISTS (SELECT 1 FROM execution_admission_slot s WHERE s.policy = g.policy AND s.group_key = g.group_key)
+  AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.policy = g.policy AND q.group_key = g.group_key);
