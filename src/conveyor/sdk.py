@@ -12,6 +12,7 @@ connection), read them, wait for them.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +23,14 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
+from conveyor.actions.registry import AdmissionPolicy
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
     InvalidParametersError,
+    InvalidPolicyError,
+    NotFoundError,
     UnknownActionError,
 )
 from conveyor.domain.models import Attempt, Execution, WorkerInfo
@@ -35,6 +39,9 @@ from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 
 _UNKNOWN_ACTION, _INVALID_PARAMETERS = "CVA01", "CVA02"
+# admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
+_TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
+_TARGET_MAX = 255
 
 
 def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> dict[str, Any]:
@@ -119,6 +126,39 @@ def _translate(exc: psycopg.Error, action_ref: str) -> ConveyorError | psycopg.E
 translate_request_error = _translate
 
 
+def valid_policy_target(target: str) -> bool:
+    return isinstance(target, str) and len(target) <= _TARGET_MAX and _TARGET.fullmatch(target) is not None
+
+
+def policy_spec(target: str, concurrency: int, parameters: Sequence[str], method: str) -> AdmissionPolicy:
+    """The checked policy for ``set``; InvalidPolicyError says what is wrong."""
+    if not valid_policy_target(target):
+        raise InvalidPolicyError(
+            f"invalid policy target {target!r}: give an action ref (pack.name), a pack (pack) or '*' (every action)"
+        )
+    params = tuple(parameters) if isinstance(parameters, list | tuple) else parameters  # else refused below
+    try:
+        return AdmissionPolicy(concurrency, params, method)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidPolicyError(f"invalid policy for {target}: {exc}") from None
+
+
+def policy_not_found(target: str) -> NotFoundError:
+    return NotFoundError(f"no admission policy for {target!r} (see `conveyor policies list`)")
+
+
+def deletion_refused(current: dict[str, Any], defined: bool) -> ConflictError | None:
+    """A policy from an action's definition follows that definition: deleting it would
+    last only until the next change to it, so it is refused (an override is the way)."""
+    if current["source"] == "metadata" and defined:
+        target = current["target"]
+        return ConflictError(
+            f"the policy for {target} comes from the action's definition (policy=...): change the definition, "
+            f"or override it with `conveyor policies set {target} --concurrency N`"
+        )
+    return None
+
+
 def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execution:
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
@@ -190,6 +230,54 @@ class Client:
         if row is None:
             raise UnknownActionError(ref)
         return dict(row)
+
+    # -- admission policies (see docs/runbook.md#admission-policies) --------------------------
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Every admission policy, most specific scope first, with slots held and waiters now."""
+        return list(self.conn.execute(Q["list_policies"]).fetchall())
+
+    def policy(self, target: str) -> dict[str, Any]:
+        row = self.conn.execute(Q["get_policy"], {"target": target}).fetchone() if valid_policy_target(target) else None
+        if row is None:
+            raise policy_not_found(target)
+        return dict(row)
+
+    def set_policy(
+        self, target: str, concurrency: int, parameters: Sequence[str] = (), method: str = "enqueue"
+    ) -> dict[str, Any]:
+        """Create or replace the operator policy for ``target`` (an action ref, a pack or
+        '*'); it wins over the action's own ``policy=``. Returns it as stored. Waiters a
+        higher limit now allows are admitted by the database in the same transaction."""
+        spec = policy_spec(target, concurrency, parameters, method)
+        with self.conn.transaction():
+            self.conn.execute(Q["set_policy"], {"target": target, **spec.to_json()})
+            return self.policy(target)
+
+    def delete_policy(self, target: str) -> dict[str, Any]:
+        """Delete the policy for ``target``; its waiters become schedulable. Deleting an
+        operator's override of an action's own policy puts that one back (returned as
+        ``restored``); deleting a policy that an action's definition declares is refused."""
+        with self.conn.transaction():
+            current = self.policy(target)
+            defined = self.conn.execute(Q["policy_in_definition"], {"target": target}).fetchone() is not None
+            refusal = deletion_refused(current, defined)
+            if refusal is not None:
+                raise refusal
+            deleted = self.conn.execute(Q["delete_policy"], {"target": target}).fetchone()
+            if deleted is None:  # deleted meanwhile by someone else
+                raise policy_not_found(target)
+            restored = None
+            if defined and self.conn.execute(Q["restore_definition_policy"], {"target": target}).fetchone():
+                restored = self.policy(target)
+        return {**deleted, "restored": restored}
+
+    def admission(self, execution_id: int) -> dict[str, Any] | None:
+        """Where the execution stands in admission: ``state`` holding|waiting, ``policy``,
+        ``group_key``, ``ahead`` (requests of its group before it), ``since``; None when no
+        policy holds it (none applies, or it has ended)."""
+        row = self.conn.execute(Q["admission_of"], {"id": execution_id}).fetchone()
+        return dict(row) if row else None
 
     def cancel(self, execution_id: int, *, by: str = "sdk") -> str:
         """Cancel an execution; returns its new status: ``cancelled`` (it had not started),

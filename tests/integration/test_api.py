@@ -457,6 +457,8 @@ MUTATIONS: list[tuple[str, str, Any, str, int]] = [
     ("GET", "/api/v1/tokens", None, "admin", 200),
     ("POST", "/api/v1/tokens", {"name": "n", "role": "viewer"}, "admin", 201),
     ("DELETE", "/api/v1/tokens/999999", None, "admin", 404),
+    ("PUT", "/api/v1/policies/core.noop", {"concurrency": 1}, "admin", 200),
+    ("DELETE", "/api/v1/policies/nothing.here", None, "admin", 404),
 ]
 
 

@@ -63,8 +63,9 @@ class ServedApp:
 
 
 def seed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-    """Something to find: executions (one running on worker ``w1``), dead letters. Returns
-    path parameters that exist."""
+    """Something to find: executions (one running on worker ``w1``, one waiting for admission
+    under a policy), dead letters. Returns path parameters that exist."""
+    conn.execute(Q["set_policy"], {"target": "core.echo", "concurrency": 4, "parameters": [], "method": "enqueue"})
     worker = conn.execute(
         "INSERT INTO worker (name, runtimes, actions, capacity, stale_after, lock_grace, lock_epoch, last_heartbeat)"
         " VALUES ('w1', '{python}', '{core.echo}', 10, 3600, 1, pg_postmaster_start_time(), now()) RETURNING id"
@@ -84,7 +85,8 @@ def seed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             " 'execution.requested', %s, 'execution.requested', %s, %s, %s) RETURNING id",
             (reason, Jsonb(body), ids[0], resolution),
         ).fetchone()["id"])  # fmt: skip
-    return {"execution_id": ids[0], "dead_letter_id": letters[0], "name": "w1", "ref": "core.echo"}
+    return {"execution_id": ids[0], "dead_letter_id": letters[0], "name": "w1", "ref": "core.echo",
+            "target": "core.echo"}  # fmt: skip
 
 
 @pytest.fixture
@@ -207,6 +209,7 @@ def test_the_openapi_document_describes_every_route(api_schema: Any) -> None:
     for path in ("/api/v1/executions", "/api/v1/executions/{execution_id}", "/api/v1/executions/{execution_id}/cancel",
                  "/api/v1/executions/{execution_id}/rerun", "/api/v1/executions/stream", "/api/v1/actions",
                  "/api/v1/actions/{ref}", "/api/v1/workers", "/api/v1/workers/{name}/drain", "/api/v1/dead-letters",
-                 "/api/v1/dead-letters/{dead_letter_id}/replay", "/api/v1/tokens", "/health/live", "/health/ready",
+                 "/api/v1/dead-letters/{dead_letter_id}/replay", "/api/v1/tokens", "/api/v1/policies",
+                 "/api/v1/policies/{target}", "/health/live", "/health/ready",
                  "/metrics"):  # fmt: skip
         assert path in paths, sorted(paths)

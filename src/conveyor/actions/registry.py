@@ -19,6 +19,8 @@ import jsonschema
 
 JSONSchema = dict[str, Any]
 _REF = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$")
+_INT_MAX = 2**31 - 1  # admission_policy.concurrency is a PostgreSQL integer
+_NAME_MAX = 255
 _JSON_TYPES: dict[Any, str] = {
     str: "string",
     int: "integer",
@@ -61,6 +63,66 @@ class ActionDefinition:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionPolicy:
+    """A concurrency limit (``policy=`` of an action, or set by an operator): at most
+    ``concurrency`` executions at once, one such limit per distinct combination of the
+    values of ``parameters``; beyond it, ``enqueue`` waits in request order and ``cancel``
+    refuses at once. Invalid values raise ValueError here, not later in the database
+    (where they would make a worker's registration fail)."""
+
+    concurrency: int
+    parameters: tuple[str, ...] = ()
+    method: Literal["enqueue", "cancel"] = "enqueue"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+            raise ValueError(f"concurrency must be a whole number, not {self.concurrency!r}")
+        if not 1 <= self.concurrency <= _INT_MAX:
+            raise ValueError(f"concurrency must be between 1 and {_INT_MAX}, not {self.concurrency}")
+        if not isinstance(self.parameters, list | tuple):  # ("host") instead of ("host",) is a str
+            raise ValueError(f"parameters must be a list of parameter names, not {self.parameters!r}")
+        names = tuple(self.parameters)
+        for name in names:
+            if not _storable_name(name):
+                raise ValueError(
+                    f"parameter names must be non-empty strings (at most {_NAME_MAX} characters): {name!r}"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"parameter names are repeated: {list(names)}")
+        if self.method not in ("enqueue", "cancel"):
+            raise ValueError(f"method must be 'enqueue' or 'cancel', not {self.method!r}")
+        object.__setattr__(self, "parameters", names)  # a list given is kept as a tuple (hashable)
+
+    @classmethod
+    def of(cls, spec: AdmissionPolicy | Mapping[str, Any]) -> AdmissionPolicy:
+        if isinstance(spec, AdmissionPolicy):
+            return spec
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"policy must be an AdmissionPolicy or a mapping, not {type(spec).__name__}")
+        unknown = set(spec) - {"concurrency", "parameters", "method"}
+        if unknown:
+            raise ValueError(f"unknown policy settings: {sorted(unknown)} (known: concurrency, parameters, method)")
+        if "concurrency" not in spec:
+            raise ValueError("policy needs concurrency")
+        return cls(spec["concurrency"], spec.get("parameters", ()), spec.get("method", "enqueue"))
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored in ``action.metadata["policy"]`` (read by the admission trigger)."""
+        return {"concurrency": self.concurrency, "parameters": list(self.parameters), "method": self.method}
+
+
+def _storable_name(name: object) -> bool:
+    """A parameter name PostgreSQL can store in text[] (no NUL, no lone surrogate)."""
+    if not isinstance(name, str) or not name or "\x00" in name or len(name) > _NAME_MAX:
+        return False
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def schema_from_signature(func: Callable[..., Any]) -> JSONSchema:
     """A JSON Schema from a function's annotated keyword parameters: parameters without
     a default are required, unknown parameters are refused."""
@@ -96,9 +158,12 @@ def policy_metadata(
     retry: Mapping[str, Any] | None = None,
     on_worker_lost: Literal["retry", "abandon"] | None = None,
     worker_lost_max_attempts: int | None = None,
+    policy: AdmissionPolicy | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per-action overrides of the global defaults, as stored in ``action.metadata``."""
     out: dict[str, Any] = {}
+    if policy is not None:
+        out["policy"] = AdmissionPolicy.of(policy).to_json()
     if timeout is not None:
         out["timeout"] = timeout
     if scheduled_timeout is not None:
@@ -142,12 +207,16 @@ class ActionRegistry:
         retry: Mapping[str, Any] | None = None,
         on_worker_lost: Literal["retry", "abandon"] | None = None,
         worker_lost_max_attempts: int | None = None,
+        policy: AdmissionPolicy | Mapping[str, Any] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a Python callable as action ``ref``. ``parameters`` is a JSON Schema;
         without one it is derived from the signature. The policy arguments override the
         configured defaults for this action: ``timeout`` (execution), ``scheduled_timeout``
         (schedule-to-start), ``retry`` (max_attempts, backoff_base, backoff_max, retry_on),
-        ``on_worker_lost`` and ``worker_lost_max_attempts``."""
+        ``on_worker_lost`` and ``worker_lost_max_attempts``. ``policy`` is its admission
+        policy (an :class:`AdmissionPolicy` or a mapping with the same keys): a concurrency
+        limit an operator's ``conveyor policies set`` overrides."""
+        admission = AdmissionPolicy.of(policy) if policy is not None else None  # refused now, not at registration
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             metadata: dict[str, Any] = {
@@ -161,6 +230,7 @@ class ActionRegistry:
                     retry=retry,
                     on_worker_lost=on_worker_lost,
                     worker_lost_max_attempts=worker_lost_max_attempts,
+                    policy=admission,
                 )
             )
             self.add(
@@ -194,9 +264,11 @@ class ActionRegistry:
         retry: Mapping[str, Any] | None = None,
         on_worker_lost: Literal["retry", "abandon"] | None = None,
         worker_lost_max_attempts: int | None = None,
+        policy: AdmissionPolicy | Mapping[str, Any] | None = None,
     ) -> ActionDefinition:
         """Register a command. ``argv`` runs without a shell; ``shell=True`` runs the string in
-        parameter ``command_parameter`` with ``/bin/sh -c``, and only when the action says so."""
+        parameter ``command_parameter`` with ``/bin/sh -c``, and only when the action says so.
+        The policy arguments are those of :meth:`action`."""
         if shell == (argv is not None):
             raise ValueError("give either argv or shell=True with command_parameter")
         if shell and not command_parameter:
@@ -215,6 +287,7 @@ class ActionRegistry:
                 retry=retry,
                 on_worker_lost=on_worker_lost,
                 worker_lost_max_attempts=worker_lost_max_attempts,
+                policy=policy,
             )
         )
         return self.add(

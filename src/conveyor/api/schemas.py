@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from conveyor.actions.registry import AdmissionPolicy
 
 
 class ExecutionRequest(BaseModel):
@@ -26,6 +28,17 @@ class AttemptOut(BaseModel):
     error: str | None
 
 
+class AdmissionOut(BaseModel):
+    """Where an execution stands in admission while a policy holds it."""
+
+    state: Literal["holding", "waiting"]
+    policy: str = Field(..., description="the target of the policy that governs it")
+    group_key: dict[str, Any] = Field(..., description="its group: the values of the policy's parameters")
+    seq: int = Field(..., description="its place in the group's request order")
+    since: datetime = Field(..., description="when it took its slot, or began to wait")
+    ahead: int = Field(..., description="waiting: requests of its group before it (0 when holding)")
+
+
 class ExecutionOut(BaseModel):
     id: int
     action_ref: str
@@ -44,6 +57,7 @@ class ExecutionOut(BaseModel):
     started: datetime | None
     ended: datetime | None
     attempts: list[AttemptOut] | None = None
+    admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
 
 
 class ExecutionPage(BaseModel):
@@ -140,6 +154,41 @@ class TokenOut(BaseModel):
 
 class TokenCreated(TokenOut):
     token: str = Field(..., description="shown once; store it now")
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(..., ge=1, le=2**31 - 1, strict=True, description="executions allowed at once")
+    parameters: list[str] = Field(default_factory=list, description="parameters whose values each get their own limit")
+    method: Literal["enqueue", "cancel"] = Field(
+        "enqueue", description="beyond the limit: wait in request order, or be cancelled at once"
+    )
+
+    @model_validator(mode="after")
+    def _checked(self) -> PolicyIn:
+        AdmissionPolicy(self.concurrency, tuple(self.parameters), self.method)  # the rules of action(policy=...)
+        return self
+
+
+class PolicyOut(BaseModel):
+    target: str
+    scope: Literal["action", "pack", "global"]
+    concurrency: int
+    parameters: list[str]
+    method: Literal["enqueue", "cancel"]
+    source: Literal["metadata", "operator"] = Field(..., description="the action's definition, or an operator")
+    created: datetime
+    updated: datetime
+    held: int = Field(..., description="slots held now")
+    waiting: int = Field(..., description="executions waiting now")
+
+
+class PolicyDeleted(BaseModel):
+    target: str
+    source: Literal["metadata", "operator"]
+    released: int = Field(..., description="executions that were waiting and now may be scheduled")
+    restored: PolicyOut | None = Field(None, description="the action's own policy, back in force")
 
 
 class ErrorOut(BaseModel):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from conveyor.cli.context import JsonOption, console, print_json, state, when
+from conveyor.cli.policies import describe_admission
 from conveyor.domain.models import Execution
 from conveyor.domain.status import ExecutionStatus
 
@@ -54,13 +56,17 @@ def list_(
 
 @app.command()
 def get(execution_id: Annotated[int, typer.Argument(help="Execution id")], as_json: bool = JsonOption) -> None:
-    """One execution with its parameters, result and attempts."""
+    """One execution with its parameters, result and attempts.
+
+    While an admission policy holds it, also where it stands: holding a slot, or waiting
+    (with how many ahead)."""
     with state.client() as client:
         execution = client.get(execution_id)
+        admission = client.admission(execution_id)
     if as_json:
-        print_json(execution)
+        print_json({**dataclasses.asdict(execution), "admission": admission})
     else:
-        show_execution(execution)
+        show_execution(execution, admission)
 
 
 @app.command()
@@ -81,10 +87,14 @@ def cancel(
         console.print(f"execution {execution_id} {_status(status)}")
 
 
-def show_execution(e: Execution) -> None:
+def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> None:
     console.print(f"[bold]execution {e.id}[/]  {e.action_ref}  {_status(e.status)}  attempt {e.attempt}")
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
+    if admission is not None:
+        console.print(
+            f"  {describe_admission(admission)} (since {when(admission['since'])})", markup=False, highlight=False
+        )
     if isinstance(e.result, dict):
         for key in ("exit_code", "duration", "error", "data"):
             if e.result.get(key) is not None:

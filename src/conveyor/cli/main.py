@@ -8,7 +8,7 @@ from typing import Annotated
 import psycopg
 import typer
 
-from conveyor.cli import actions, config_cmd, dead_letters, executions, run, services, tokens, workers
+from conveyor.cli import actions, config_cmd, dead_letters, executions, policies, run, services, tokens, workers
 from conveyor.cli.context import err_console, state
 from conveyor.domain.errors import ConveyorError
 
@@ -41,6 +41,7 @@ app.add_typer(workers.app, name="workers")
 app.add_typer(actions.app, name="actions")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
 
 

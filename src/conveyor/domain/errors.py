@@ -15,6 +15,10 @@ class NotFoundError(ConveyorError):
     """The thing asked for does not exist."""
 
 
+class InvalidPolicyError(ConveyorError):
+    """An admission policy (or its target) that cannot be stored; the message says why."""
+
+
 class UnknownActionError(ConveyorError):
     def __init__(self, ref: str) -> None:
         super().__init__(f"unknown action {ref!r}: no worker has registered it (see `conveyor actions list`)")

@@ -63,7 +63,8 @@ async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
         if row is None:
             raise ExecutionNotFoundError(eid)
         attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
-    return {**row, "attempts": attempts}
+        admission = await (await conn.execute(Q["admission_of"], {"id": eid})).fetchone()
+    return {**row, "attempts": attempts, "admission": admission}
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=WITH_BODY)

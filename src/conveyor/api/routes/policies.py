@@ -1,0 +1,79 @@
+"""``/api/v1/policies``: admission policies (the CLI's ``conveyor policies``). Viewers
+read; admins set and delete, since a limit affects every user of an action."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException
+
+from conveyor.api.auth import Admin, Viewer
+from conveyor.api.context import ApiContext, context
+from conveyor.api.routes.executions import ERRORS, WITH_BODY
+from conveyor.api.schemas import ErrorOut, PolicyDeleted, PolicyIn, PolicyOut
+from conveyor.domain.errors import InvalidPolicyError
+from conveyor.sdk import deletion_refused, policy_not_found, policy_spec, valid_policy_target
+from conveyor.store.queries import Q
+
+router = APIRouter(prefix="/policies", tags=["policies"])
+Ctx = Annotated[ApiContext, Depends(context)]
+WITH_CONFLICT: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    409: {"model": ErrorOut, "description": "the policy comes from the action's definition"},
+}
+
+
+async def _policy(conn: Any, target: str) -> dict[str, Any]:
+    row = None
+    if valid_policy_target(target):  # an impossible target names nothing: 404, like an unknown one
+        row = await (await conn.execute(Q["get_policy"], {"target": target})).fetchone()
+    if row is None:
+        raise policy_not_found(target)
+    return dict(row)
+
+
+@router.get("", response_model=list[PolicyOut], responses=ERRORS)
+async def list_policies(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
+    """Every policy, most specific scope first, with the slots held and executions waiting now."""
+    async with ctx.pool.connection() as conn:
+        return list(await (await conn.execute(Q["list_policies"])).fetchall())
+
+
+@router.get("/{target}", response_model=PolicyOut, responses=ERRORS)
+async def get_policy(target: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+    async with ctx.pool.connection() as conn:
+        return await _policy(conn, target)
+
+
+@router.put("/{target}", response_model=PolicyOut, responses=WITH_BODY)
+async def set_policy(target: str, body: PolicyIn, ctx: Ctx, _: Admin) -> dict[str, Any]:
+    """Create or replace the operator policy for ``target``: an action ref (``pack.name``), a
+    pack or ``*``. It wins over the action's own ``policy=`` and over less specific targets
+    (action > pack > global). Waiters a higher limit allows are admitted at once."""
+    try:
+        spec = policy_spec(target, body.concurrency, body.parameters, body.method)
+    except InvalidPolicyError as exc:
+        raise HTTPException(422, str(exc)) from None  # as a body that fails validation
+    async with ctx.pool.connection() as conn, conn.transaction():
+        await conn.execute(Q["set_policy"], {"target": target, **spec.to_json()})
+        return await _policy(conn, target)
+
+
+@router.delete("/{target}", response_model=PolicyDeleted, responses=WITH_CONFLICT)
+async def delete_policy(target: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
+    """Delete it; whoever it kept waiting may be scheduled. Deleting an override of an
+    action's own policy puts that one back (``restored``); deleting the policy an action's
+    definition declares is refused (409): override it instead."""
+    async with ctx.pool.connection() as conn, conn.transaction():
+        current = await _policy(conn, target)
+        defined = await (await conn.execute(Q["policy_in_definition"], {"target": target})).fetchone() is not None
+        refusal = deletion_refused(current, defined)
+        if refusal is not None:
+            raise refusal
+        deleted = await (await conn.execute(Q["delete_policy"], {"target": target})).fetchone()
+        if deleted is None:  # deleted meanwhile by someone else
+            raise policy_not_found(target)
+        restored = None
+        if defined and await (await conn.execute(Q["restore_definition_policy"], {"target": target})).fetchone():
+            restored = await _policy(conn, target)
+    return {**deleted, "restored": restored}
