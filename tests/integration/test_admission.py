@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.domain.errors import ConflictError
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.scheduler import Scheduler
 from conveyor.sdk import Client
@@ -395,3 +396,18 @@ async def test_idle_groups_are_forgotten_busy_ones_kept(conn: Conn, pool: Pool, 
     await scheduler(pool, transport).repair_admission()
     left = [r["group_key"] for r in conn.execute("SELECT group_key FROM execution_admission_group")]
     assert left == [{"message": "busy"}]
+
+
+async def test_cancel_is_idempotent_while_canceling(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
+    """Any non-terminal state may be cancelled: asked again while its worker stops it, the
+    answer is the same and nothing changes; once it ended, it is a conflict."""
+    w = add_worker(conn, "w1")
+    (eid,) = request(conn, 1, "core.noop")
+    await run_one(conn, pool, transport, w)
+    with client_of(conn) as client:
+        assert client.cancel(eid) == "canceling"
+        assert client.cancel(eid) == "canceling"
+        assert finish(conn, w, eid, row(conn, eid)["attempt"]) == [eid]
+        assert status(conn, eid) == "cancelled"
+        with pytest.raises(ConflictError, match="is cancelled: nothing to cancel"):
+            client.cancel(eid)

@@ -81,7 +81,10 @@ WITH target AS (
     UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled', error = 'cancelled by ' || %(by)s::text
     FROM moved WHERE moved.was = 'scheduled' AND t.execution = moved.id AND t.attempt = moved.attempt
 )
-SELECT target.id, target.status AS was, moved.status AS now, moved.worker
+-- Asked again while its worker stops it (canceling): the same answer, nothing changed.
+SELECT target.id, target.status AS was,
+       coalesce(moved.status, CASE WHEN target.status = 'canceling' THEN 'canceling' END) AS now,
+       coalesce(moved.worker, target.worker) AS worker
 FROM target LEFT JOIN moved ON moved.id = target.id;
 
 -- name: canceling_on_worker
