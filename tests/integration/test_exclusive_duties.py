@@ -1,9 +1,12 @@
-"""executor.exclusive_duties: a recovery duty runs on one replica at a time (a
-transaction-level advisory lock per duty), and a replica that dies mid-duty frees it."""
+"""executor.exclusive_duties: a recovery duty runs on one replica at a time (a session
+advisory lock per duty on a connection outside the pool), a replica that dies mid-duty
+frees it, and duties ticking together never starve the pool."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -18,13 +21,26 @@ from conveyor.transport.postgres import PostgresTransport
 Pool = AsyncConnectionPool[Any]
 
 
-def replica(pool: Pool, db_url: str) -> ExecutorService:
+@contextlib.asynccontextmanager
+async def replicas(pool: Pool, db_url: str, n: int = 1) -> AsyncIterator[list[ExecutorService]]:
+    """``n`` executors (not run: their duties are called directly), their lock connections
+    closed afterwards."""
     settings = Settings(executor={"exclusive_duties": True})
-    return ExecutorService(settings, pool, PostgresTransport(db_url, "conveyor"))
+    made = [ExecutorService(settings, db_url, pool, PostgresTransport(db_url, "conveyor")) for _ in range(n)]
+    try:
+        yield made
+    finally:
+        for executor in made:
+            assert executor._duty_locks is not None
+            await executor._duty_locks.close()
 
 
 async def test_a_duty_runs_on_one_replica_at_a_time(pool: Pool, db_url: str) -> None:
-    a, b = replica(pool, db_url), replica(pool, db_url)
+    async with replicas(pool, db_url, 2) as (a, b):
+        await _one_at_a_time(a, b)
+
+
+async def _one_at_a_time(a: ExecutorService, b: ExecutorService) -> None:
     inside = asyncio.Event()
     leave = asyncio.Event()
     runs: list[str] = []
@@ -51,7 +67,11 @@ async def test_a_duty_runs_on_one_replica_at_a_time(pool: Pool, db_url: str) -> 
 async def test_a_replica_that_dies_mid_duty_frees_it(pool: Pool, db_url: str) -> None:
     """The lock is held by the dying replica's session: when that session ends (the process
     was SIGKILLed), the next tick of any replica takes the duty."""
-    b = replica(pool, db_url)
+    async with replicas(pool, db_url) as (b,):
+        await _freed_by_death(b, db_url)
+
+
+async def _freed_by_death(b: ExecutorService, db_url: str) -> None:
     runs: list[str] = []
 
     async def sweep() -> None:
@@ -71,3 +91,29 @@ async def test_a_replica_that_dies_mid_duty_frees_it(pool: Pool, db_url: str) ->
         await b._exclusively(sweep)
         await asyncio.sleep(0.02)
     assert runs == ["b"]
+
+
+async def test_duties_ticking_together_do_not_starve_the_pool(db_url: str) -> None:
+    """More duties at once than the pool has connections, each needing one: all run. (With
+    the lock held on a pool connection, each duty held one and waited for a second until
+    the pool timed out -- found by the chaos suite after a PostgreSQL restart.)"""
+    pool: Pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, timeout=5)
+    await pool.open()
+    try:
+        ran: list[str] = []
+
+        def duty(name: str) -> Any:
+            async def run() -> None:
+                async with pool.connection() as conn:
+                    await conn.execute("SELECT pg_sleep(0.05)")
+                ran.append(name)
+
+            run.__name__ = name
+            return run
+
+        names = [f"duty{i}" for i in range(4)]
+        async with replicas(pool, db_url) as (a,):
+            await asyncio.wait_for(asyncio.gather(*(a._exclusively(duty(n)) for n in names)), 4)
+        assert sorted(ran) == names
+    finally:
+        await pool.close()

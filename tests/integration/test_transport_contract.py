@@ -78,6 +78,10 @@ async def running(transport: Transport) -> AsyncIterator[Transport]:
     try:
         async with asyncio.timeout(TIMEOUT):
             await ready.wait()
+            while True:  # the broker too (services need not wait for it)
+                if transport.connected:
+                    break
+                await asyncio.sleep(0.02)
         yield transport
     finally:
         task.cancel()
@@ -263,7 +267,7 @@ async def test_expired_dispatch_is_dead_lettered_and_resolved(
     async with pool.connection() as holder:
         await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))
         transport = new_transport(settings, db_url, pool, relay=True)
-        executor = ExecutorService(settings, pool, transport)
+        executor = ExecutorService(settings, db_url, pool, transport)
         stop = asyncio.Event()
         async with running(transport):
             service = asyncio.create_task(executor.run(stop))

@@ -17,9 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 from conveyor.config import Settings
 from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
+from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
-from conveyor.store.queries import Q
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -30,7 +30,7 @@ def make_executor_id() -> str:
 
 
 class ExecutorService:
-    def __init__(self, settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport) -> None:
+    def __init__(self, settings: Settings, url: str, pool: AsyncConnectionPool[Any], transport: Transport) -> None:
         self.settings = settings
         self.executor_id = make_executor_id()
         self._pool = pool
@@ -49,6 +49,9 @@ class ExecutorService:
             transport.handle_dead_letters(self._dead_letters)
         self._transport = transport
         self._transport_kind = transport.kind
+        self._duty_locks = (
+            DutyLocks(url, settings.database.schema_name, "conveyor-executor-duties") if cfg.exclusive_duties else None
+        )
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._bell = transport.subscribe(Topic.REQUESTED)
@@ -56,6 +59,14 @@ class ExecutorService:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
+        try:
+            await self._run(stop)
+        finally:
+            if self._duty_locks is not None:
+                await self._duty_locks.close()
+        log.info("executor stopped", executor=self.executor_id)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
@@ -76,7 +87,6 @@ class ExecutorService:
                            name="executor-admission-repair")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
-        log.info("executor stopped", executor=self.executor_id)
 
     async def _schedule_loop(self, stop: asyncio.Event) -> None:
         poll = self.settings.executor.poll_interval
@@ -125,7 +135,7 @@ class ExecutorService:
         retried at the next tick (these duties are idempotent). ``shared`` duties are the
         ones executor.exclusive_duties runs on one replica at a time (not the gauges: each
         replica serves its own)."""
-        exclusive = shared and self.settings.executor.exclusive_duties
+        exclusive = shared and self._duty_locks is not None
         while not await _sleep_or_stop(stop, interval):
             try:
                 if exclusive:
@@ -138,13 +148,9 @@ class ExecutorService:
                 log.exception("recovery duty failed; retried at the next tick", duty=duty.__name__)
 
     async def _exclusively(self, duty: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``duty`` unless another replica is running it now. The lock is a transaction
-        lock on a connection of its own, held while the duty runs: a replica that dies
-        mid-duty drops it with its session, and the next tick of any replica takes over."""
-        async with self._pool.connection() as conn, conn.transaction():
-            got = await (await conn.execute(Q["try_duty_lock"], {"duty": duty.__name__})).fetchone()
-            if got is not None and got["locked"]:
-                await duty()
+        """Run ``duty`` unless another replica is running it now (executor/duties.py)."""
+        assert self._duty_locks is not None, "executor.exclusive_duties is off"
+        await self._duty_locks.run(duty)
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

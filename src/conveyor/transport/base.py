@@ -115,4 +115,5 @@ class Transport(ABC):
     @abstractmethod
     async def run(self, ready: asyncio.Event) -> None:
         """Deliver messages to doorbells until cancelled; reconnect on failure. Sets ``ready``
-        once subscriptions are live."""
+        once services may start: the database's subscriptions are live (a broker may still be
+        connecting; ``connected`` says when everything is)."""

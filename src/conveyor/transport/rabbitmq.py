@@ -161,15 +161,18 @@ class RabbitMQTransport(Transport):
                 tg.create_task(self._pg.run(pg_ready), name="transport-listen")
             else:
                 pg_ready.set()
-            broker_ready = asyncio.Event()
-            tg.create_task(self._broker_loop(broker_ready), name="transport-broker")
+            tg.create_task(self._broker_loop(), name="transport-broker")
             await pg_ready.wait()
-            await broker_ready.wait()
+            # Services start without waiting for the broker (``connected`` says when it is
+            # there): its messages only ring doorbells and every consumer also polls the
+            # database, so a worker started during a broker outage heartbeats and takes its
+            # work, more slowly, instead of sitting registered and silent until declared dead,
+            # and an executor runs its database duties.
             ready.set()
 
     # -- the broker session ----------------------------------------------------------
 
-    async def _broker_loop(self, ready: asyncio.Event) -> None:
+    async def _broker_loop(self) -> None:
         delay = 0.2
         while True:
             try:
@@ -190,7 +193,7 @@ class RabbitMQTransport(Transport):
             try:
                 async with connection:
                     self._connection = connection  # type: ignore[assignment]
-                    await self._session(connection, closed, ready)
+                    await self._session(connection, closed)
             except BROKER_ERRORS as exc:
                 log.warning("RabbitMQ connection lost; reconnecting", error=str(exc) or type(exc).__name__)
                 transport_error("rabbitmq", "consume")
@@ -202,7 +205,7 @@ class RabbitMQTransport(Transport):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _session(self, connection: Any, closed: asyncio.Event, ready: asyncio.Event) -> None:
+    async def _session(self, connection: Any, closed: asyncio.Event) -> None:
         publish = await connection.channel(publisher_confirms=True)
         await self._declare_shared(publish)
         self._publish_channel = publish
@@ -226,7 +229,6 @@ class RabbitMQTransport(Transport):
             consumer = DeadLetterConsumer(self._sink, self._settings.dead_letter.max_deliveries)
             await dlq.consume(consumer.on_message)
         self._broker_up = True
-        ready.set()
         log.info("connected to RabbitMQ", workers=sorted(self._workers), executor=bool(executor_keys))
         # Anything that happened while we were away is found by the consumers' next read.
         for bells in self._bells.values():

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 import conveyor
+from conveyor.actions.context import ExecutionContext, running
 from conveyor.actions.registry import ActionDefinition
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
@@ -219,7 +220,8 @@ class WorkerService:
         bound = log.bind(execution_id=eid, attempt=attempt, worker=self.name, action=ref)
         bound.debug("execution started")
         try:
-            result = await self._run_action(row)
+            with running(ExecutionContext(eid, attempt, self.name)):  # actions read it with current()
+                result = await self._run_action(row)
         except asyncio.CancelledError:
             if eid in self._cancelling:  # a user's cancellation, not this worker stopping
                 self._cancelling.discard(eid)

@@ -60,12 +60,23 @@ LIMIT 500;
 -- name: stream_start
 SELECT now() AS updated;
 
+-- name: lock_execution
+-- Wait for and lock the row in a statement of its own, so that the caller's next
+-- statement takes its snapshot after whatever changed the row committed (an UPDATE's
+-- CTEs see only their own statement's snapshot: a cancel that waited on a dispatch
+-- would re-read the row as scheduled but not see the attempt that dispatch created).
+-- NO KEY UPDATE, like the UPDATE that follows: a promotion admitting this execution
+-- takes a key-share lock on it (the slot's foreign key) while holding its group's lock,
+-- which the cancel's release then waits for; a full FOR UPDATE would deadlock with it.
+SELECT id FROM execution WHERE id = %(id)s FOR NO KEY UPDATE;
+
 -- name: cancel_execution
 -- Cancel: not started yet -> cancelled at once (a scheduled attempt is closed);
 -- running -> canceling, finished as cancelled by its worker (or by recovery if the
--- worker is gone). Anything else is left as it is and reported.
+-- worker is gone). Anything else is left as it is and reported. Run after
+-- lock_execution in the same transaction.
 WITH target AS (
-    SELECT id, status, worker, attempt FROM execution WHERE id = %(id)s FOR UPDATE
+    SELECT id, status, worker, attempt FROM execution WHERE id = %(id)s FOR NO KEY UPDATE
 ), moved AS (
     UPDATE execution e
     SET status = CASE WHEN target.status = 'running' THEN 'canceling' ELSE 'cancelled' END,

@@ -142,6 +142,9 @@ WHERE e.id = stale.id AND e.status = 'scheduling'
 RETURNING e.id, e.attempt, stale.executor;
 
 -- name: try_duty_lock
--- One replica at a time per recovery duty (executor.exclusive_duties), for the rest of
--- the caller's transaction.
-SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.duty.' || %(duty)s, 0)) AS locked;
+-- One replica at a time per recovery duty (executor.exclusive_duties): a session lock
+-- on the executor's duty-lock connection, released by duty_unlock or with the session.
+SELECT pg_try_advisory_lock(hashtextextended(current_schema() || '.duty.' || %(duty)s, 0)) AS locked;
+
+-- name: duty_unlock
+SELECT pg_advisory_unlock(hashtextextended(current_schema() || '.duty.' || %(duty)s, 0)) AS unlocked;

@@ -1,0 +1,150 @@
+"""Races between two writers, pinned down (the model test and the chaos suite found them).
+
+Two writers interleaved by hand: the first holds its transaction open, the second runs
+until it waits for the first's locks, then the first commits. Either order must leave
+what running them one after the other leaves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from conveyor.sdk import Client
+from conveyor.store.db import connect_sync
+from conveyor.store.queries import Q
+from integration.test_model import finish_params
+
+Conn = psycopg.Connection[dict[str, Any]]
+SCHEMA = "conveyor"
+
+
+_WORKER: dict[str, Any] = {
+    "name": "w", "status": "active", "runtimes": ["python"], "actions": ["core.echo"], "capabilities": Jsonb({}),
+    "capacity": 5, "host": "h", "pid": 1, "version": "t", "stale_after": 30, "lock_grace": 0,
+}  # fmt: skip
+
+
+def _worker(conn: Conn) -> int:
+    return int(conn.execute(Q["register_worker"], _WORKER).fetchone()["id"])
+
+
+def _request(conn: Conn, message: str = "a") -> int:
+    row = conn.execute("SELECT request_execution('core.echo', %s) AS id", (Jsonb({"message": message}),)).fetchone()
+    return int(row["id"])
+
+
+def _claim(conn: Conn) -> list[int]:
+    rows = conn.execute(
+        Q["claim_requested"], {"limit": 10, "executor": "ex", "refs": ["core.echo"], "runtimes": []}
+    ).fetchall()
+    return [r["id"] for r in rows]
+
+
+def _one_slot_and_two_waiters(conn: Conn) -> tuple[int, int, int, int]:
+    """Policy core.echo (1 at once per message); X holds the slot and runs on a worker, W
+    and W2 wait in that order. Returns (worker, X, W, W2)."""
+    conn.execute(Q["set_policy"], {"target": "core.echo", "concurrency": 1, "parameters": ["message"],
+                                   "method": "enqueue"})  # fmt: skip
+    x, w, w2 = (_request(conn) for _ in range(3))
+    worker = _worker(conn)
+    assert _claim(conn) == [x]
+    conn.execute(Q["assign"], {"ids": [x], "workers": [worker], "executor": "ex"})
+    assert [r["id"] for r in conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 5}).fetchall()] == [x]
+    return worker, x, w, w2
+
+
+def _second_writer(db_url: str, statement: str, params: Any) -> tuple[threading.Thread, int]:
+    """Run ``statement`` on a connection of its own, in a thread; returns it with its pid."""
+    second = connect_sync(db_url, SCHEMA, autocommit=True)
+    pid = second.info.backend_pid
+
+    def run() -> None:
+        with second:
+            second.execute(statement, params)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, pid
+
+
+def _waits_for_a_lock(conn: Conn, pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        if row is not None and row["wait_event_type"] == "Lock":
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _admission(conn: Conn) -> tuple[list[int], list[int]]:
+    slots = [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_slot ORDER BY 1")]
+    queue = [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_queue ORDER BY 1")]
+    return slots, queue
+
+
+def test_cancelling_the_next_waiter_while_the_slot_is_released_admits_the_one_after(db_url: str, conn: Conn) -> None:
+    """The API's cancel of W (uncommitted) while X's result frees the slot: the promotion
+    must admit W2. (Before migration 0007 it picked W, found it gone once the cancel
+    committed, and admitted nobody: W2 waited beside a free slot for the admission repair.)"""
+    worker, x, w, w2 = _one_slot_and_two_waiters(conn)
+    with connect_sync(db_url, SCHEMA) as first:
+        assert first.execute(Q["cancel_execution"], {"id": w, "by": "test"}).fetchone()["now"] == "cancelled"
+        thread, pid = _second_writer(db_url, Q["finish"], finish_params(worker, x, 1))
+        assert _waits_for_a_lock(conn, pid)
+        first.commit()
+    thread.join()
+    statuses = [r["status"] for r in conn.execute("SELECT status FROM execution ORDER BY id")]
+    assert statuses == ["completed", "cancelled", "requested"]
+    assert _admission(conn) == ([w2], [])
+
+
+def test_ending_a_waiter_as_it_is_admitted_releases_its_slot(db_url: str, conn: Conn) -> None:
+    """X's result admits W (uncommitted) while a plain UPDATE (an operator's own SQL) ends W:
+    W's slot must go and W2 be admitted. (Before migration 0007 the release found no slot
+    yet, so W kept it though it ended: with a limit of 1 the group was blocked for good.)"""
+    worker, x, w, w2 = _one_slot_and_two_waiters(conn)
+    with connect_sync(db_url, SCHEMA) as first:
+        assert [r["id"] for r in first.execute(Q["finish"], finish_params(worker, x, 1)).fetchall()] == [x]
+        thread, pid = _second_writer(
+            db_url, "UPDATE execution SET status = 'cancelled', ended = now() WHERE id = %s", (w,)
+        )
+        assert _waits_for_a_lock(conn, pid)
+        first.commit()
+    thread.join()
+    statuses = [r["status"] for r in conn.execute("SELECT status FROM execution ORDER BY id")]
+    assert statuses == ["completed", "cancelled", "requested"]
+    assert _admission(conn) == ([w2], [])
+
+
+def test_a_cancel_that_waited_on_the_dispatch_closes_the_attempt_the_dispatch_created(db_url: str, conn: Conn) -> None:
+    """The executor's dispatch of X (uncommitted: scheduled, attempt 1 opened) while a
+    cancel waits for the row: once it commits, the cancel finds X scheduled and must close
+    that attempt too -- run in one statement it could not see the attempt (its snapshot
+    predates the dispatch) and left it open for ever (found by the chaos suite)."""
+    worker = _worker(conn)
+    x = _request(conn)
+    assert _claim(conn) == [x]
+    client = Client(db_url)
+    answer: list[str] = []
+    with connect_sync(db_url, SCHEMA) as executor:
+        executor.execute(Q["assign"], {"ids": [x], "workers": [worker], "executor": "ex"})
+        thread = threading.Thread(target=lambda: answer.append(client.cancel(x, by="test")))
+        thread.start()
+        assert _waits_for_a_lock(conn, client.conn.info.backend_pid)
+        executor.commit()
+    thread.join()
+    client.close()
+    assert answer == ["cancelled"]
+    execution = conn.execute("SELECT status, attempt FROM execution WHERE id = %s", (x,)).fetchone()
+    assert execution == {"status": "cancelled", "attempt": 1}
+    attempts = conn.execute(
+        "SELECT attempt, worker, outcome, ended IS NOT NULL AS closed FROM execution_attempt WHERE execution = %s",
+        (x,),
+    ).fetchall()
+    assert attempts == [{"attempt": 1, "worker": worker, "outcome": "cancelled", "closed": True}]
