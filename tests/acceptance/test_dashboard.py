@@ -4,7 +4,8 @@ The browser test drives it in a real headless Chromium (Debian's ``chromium``, t
 Playwright) against real ``executor``, ``worker`` and ``api`` processes: sign in with a
 token, request an execution with the form, watch it complete without reloading, read its
 detail, cordon the worker, and see the API's refusal once the token is revoked. Its
-screenshots go to ``$CONVEYOR_TEST_ARTIFACTS`` (default: the test's tmp dir).
+screenshots go to ``$CONVEYOR_TEST_ARTIFACTS/dashboard`` (default: ``test-artifacts/dashboard`` in
+the repository, git-ignored), where they stay after the run.
 
 The HTTP tests check what a browser cannot show cheaply: redirects to the sign-in form,
 the cookie's attributes, roles, escaping of user data, and the custom header the API
@@ -23,6 +24,7 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
 from conveyor.domain.tokens import Role, token_row
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.acceptance
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"  # kept after the run (git-ignored)
 DASHBOARD_HEADER = {"X-Conveyor-Dashboard": "1"}
 Db = psycopg.Connection[dict[str, Any]]
 
@@ -185,12 +188,44 @@ def test_roles_escaping_and_the_header_cookie_changes_need(site: httpx.Client, d
         assert 'data-cordoned="true"' in admin.get("/_live/workers").text
 
 
+def _dead_letter(db: Db, n: int, reason: str, error: str | None) -> int:
+    row = db.execute(Q["record_dead_letter"], {
+        "dedupe_key": f"test-{n}", "message_id": f"m{n}", "transport": "rabbitmq", "reason": reason,
+        "queue": "conveyor.worker.7.executions", "exchange": "conveyor.dlx", "routing_key": "worker.7",
+        "message_type": "execution.scheduled", "payload": Jsonb({"n": n}), "headers": Jsonb({}), "execution": None,
+        "attempt": None, "worker": None, "error": error,
+    }).fetchone()  # fmt: skip
+    assert row is not None
+    return int(row["id"])
+
+
+def test_dead_letters_page_lists_filters_and_escapes(site: httpx.Client, db: Db) -> None:
+    expired = _dead_letter(db, 1, "expired", None)
+    invalid = _dead_letter(db, 2, "invalid", "not JSON: <b>oops</b>")
+    with _signed_in(site, _sql_token(db, Role.viewer)) as viewer:
+        page = viewer.get("/dead-letters")
+        assert page.status_code == 200
+        for path in ["/dead-letters", "/_live/dead-letters"]:
+            text = viewer.get(path).text
+            assert f'data-id="{expired}"' in text
+            assert f'data-id="{invalid}"' in text
+            assert '<span id="dead-letters-pending">2</span> pending' in text
+            assert "<b>oops</b>" not in text
+            assert "not JSON: &lt;b&gt;oops&lt;/b&gt;" in text
+        only = viewer.get("/_live/dead-letters?reason=invalid").text
+        assert f'data-id="{invalid}"' in only
+        assert f'data-id="{expired}"' not in only
+        bogus = viewer.get("/dead-letters?reason=bogus")
+        assert bogus.status_code == 200
+        assert "unknown reason" in bogus.text
+
+
 # -- a real browser -------------------------------------------------------------------------
 
 
 @pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or tmp_path / "screenshots")
+def artifacts() -> Path:
+    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "dashboard"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -295,6 +330,14 @@ def test_in_chromium_request_watch_and_cordon(procs: Procs, db: Db, artifacts: P
             assert _cordoned(db, "w1") is True
             shot("worker-cordoned")
 
+            # A dead letter recorded meanwhile appears on its page without a reload.
+            page.click("nav >> text=Dead letters")
+            expect(page.locator("#dead-letters-pending")).to_have_text("0")
+            letter = _dead_letter(db, 1, "expired", None)
+            expect(page.locator(f'#dead-letters tr[data-id="{letter}"]')).to_contain_text("expired")
+            expect(page.locator("#dead-letters-pending")).to_have_text("1")
+            shot("dead-letters")
+
             # Revoke the token: the page says it is signed out, and the API's refusal is shown.
             revoked = procs.run("tokens", "revoke", token_id.group(1))
             assert revoked.returncode == 0, describe(revoked)
@@ -316,5 +359,5 @@ def test_in_chromium_request_watch_and_cordon(procs: Procs, db: Db, artifacts: P
     # token's polls); anything else logged as an error (a CSP violation, a script error) is a bug.
     expected = "console: Failed to load resource: the server responded with a status of 4"
     assert [p for p in problems if not p.startswith(expected)] == [], problems
-    assert len(shots) == 6
+    assert len(shots) == 7
     assert all(p.stat().st_size > 0 for p in shots)

@@ -49,8 +49,9 @@ def _run(
 
 
 def up(imports: Imports = None) -> None:
-    """Run everything in one process: migrations, executor and worker. Without
-    DATABASE_URL it starts the embedded PostgreSQL and stops it on exit."""
+    """Run everything in one process: migrations, executor, worker, the REST API and the
+    dashboard (api.port, 8080; on its first start it prints their URL and an admin token).
+    Without DATABASE_URL it starts the embedded PostgreSQL and stops it on exit."""
     settings = state.loaded.settings
     if settings.database.url:
         _run(settings, settings.database.url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
