@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _dead_letter(db: Db, n: int, reason: str, error: str | None) -> int:
 
 def test_dead_letters_page_lists_filters_and_escapes(site: httpx.Client, db: Db) -> None:
     expired = _dead_letter(db, 1, "expired", None)
-    invalid = _dead_letter(db, 2, "invalid", "not JSON: <b>oops</b>")
+    invalid = _dead_letter(db, 2, "rejected", "not JSON: <b>oops</b>")
     with _signed_in(site, _sql_token(db, Role.viewer)) as viewer:
         page = viewer.get("/dead-letters")
         assert page.status_code == 200
@@ -212,7 +213,7 @@ def test_dead_letters_page_lists_filters_and_escapes(site: httpx.Client, db: Db)
             assert '<span id="dead-letters-pending">2</span> pending' in text
             assert "<b>oops</b>" not in text
             assert "not JSON: &lt;b&gt;oops&lt;/b&gt;" in text
-        only = viewer.get("/_live/dead-letters?reason=invalid").text
+        only = viewer.get("/_live/dead-letters?reason=rejected").text
         assert f'data-id="{invalid}"' in only
         assert f'data-id="{expired}"' not in only
         bogus = viewer.get("/dead-letters?reason=bogus")
@@ -226,7 +227,8 @@ def test_dead_letters_page_lists_filters_and_escapes(site: httpx.Client, db: Db)
 @pytest.fixture
 def artifacts() -> Path:
     folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "dashboard"
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
+    folder.mkdir(parents=True)
     return folder
 
 
@@ -319,6 +321,14 @@ def test_in_chromium_request_watch_and_cordon(procs: Procs, db: Db, artifacts: P
             expect(page.locator("#workers-active")).to_have_text("1")
             shot("overview")
 
+            # A dead letter recorded meanwhile appears on its page without a reload.
+            page.click("nav >> text=Dead letters")
+            expect(page.locator("#dead-letters-pending")).to_have_text("0")
+            letter = _dead_letter(db, 1, "expired", None)
+            expect(page.locator(f'#dead-letters tr[data-id="{letter}"]')).to_contain_text("expired")
+            expect(page.locator("#dead-letters-pending")).to_have_text("1")
+            shot("dead-letters")
+
             # Cordon w1 from the workers page; the database says so.
             page.click("nav >> text=Workers")
             worker = page.locator('#workers tr[data-worker="w1"]')
@@ -329,14 +339,6 @@ def test_in_chromium_request_watch_and_cordon(procs: Procs, db: Db, artifacts: P
             expect(worker.locator('button[data-worker-action="uncordon"]')).to_be_visible()
             assert _cordoned(db, "w1") is True
             shot("worker-cordoned")
-
-            # A dead letter recorded meanwhile appears on its page without a reload.
-            page.click("nav >> text=Dead letters")
-            expect(page.locator("#dead-letters-pending")).to_have_text("0")
-            letter = _dead_letter(db, 1, "expired", None)
-            expect(page.locator(f'#dead-letters tr[data-id="{letter}"]')).to_contain_text("expired")
-            expect(page.locator("#dead-letters-pending")).to_have_text("1")
-            shot("dead-letters")
 
             # Revoke the token: the page says it is signed out, and the API's refusal is shown.
             revoked = procs.run("tokens", "revoke", token_id.group(1))

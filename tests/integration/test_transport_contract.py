@@ -2,9 +2,10 @@
 
 Each test runs on the PostgreSQL transport and on the RabbitMQ transport (outbox, relay,
 quorum queues, dead-letter exchange) with the same assertions: publish after commit
-only, targeted delivery, delivery to a consumer that starts late, ordering where
-promised, duplicate delivery, TTL expiry into dead letters resolved with guarded
-transitions, and a dead-letter handler interrupted mid-way.
+only, targeted delivery, delivery to a consumer that starts late, redelivery after a
+consumer died holding a message, ordering where promised, duplicate delivery, TTL
+expiry into dead letters resolved with guarded transitions, and a dead-letter handler
+interrupted mid-way.
 """
 
 from __future__ import annotations
@@ -203,6 +204,51 @@ async def test_consumer_started_late_is_woken(settings: Settings, db_url: str, p
         assert [r["id"] for r in claimed] == [eid]
 
 
+class DyingBell(RecordingBell):
+    """Once armed, the consumer dies at its next delivery, after receiving it and before
+    acknowledging it: the task handling it is cancelled, as the process ending would stop it."""
+
+    armed = False
+    spare_wakeups = False  # die only on a message naming executions, not on a bare wake-up
+
+    def ring(self, payload: str = "") -> None:
+        super().ring(payload)
+        if self.armed and (payload or not self.spare_wakeups):
+            raise asyncio.CancelledError  # the consumer's task stops here, before its acknowledgement
+
+
+async def test_a_consumer_that_dies_mid_delivery_leaves_it_to_the_next(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """Manual acknowledgement: a dispatch received but not acknowledged by a consumer that
+    died is delivered again to the next consumer of that worker's queue (on PostgreSQL the
+    row is the message: the next consumer is woken on connecting and finds it)."""
+    worker = await make_worker(pool, "dies")
+    executor_side = new_transport(settings, db_url, pool, relay=True)
+    first = new_transport(settings, db_url, pool, relay=False)
+    dying = DyingBell()
+    first.subscribe(Topic.WORKER, worker, bell=dying)
+    async with running(executor_side):
+        async with running(first):
+            dying.armed = True
+            async with pool.connection() as conn, conn.transaction():
+                (eid,) = await make_dispatches(conn, worker)
+                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+            await until(lambda: len(dying.rings) > 1, what="the first consumer received the dispatch")
+        # The first consumer is gone (its connection closed) without acknowledging.
+        second = new_transport(settings, db_url, pool, relay=False)
+        bell = RecordingBell()
+        second.subscribe(Topic.WORKER, worker, bell=bell)
+        async with running(second):
+            await until(lambda: bell.rings, what="the next consumer is rung")
+            if settings.transport == "rabbitmq":
+                await until(lambda: eid in bell.ids(), what="the unacknowledged dispatch delivered again")
+        async with pool.connection() as conn:
+            claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
+        assert [r["id"] for r in claimed] == [eid]
+    assert await dead_letters(pool) == []  # redelivered, not dead-lettered
+
+
 async def _outbox_empty(conn: Any) -> bool:
     row = await (await conn.execute("SELECT count(*) AS n FROM outbox")).fetchone()
     return bool(row["n"] == 0)
@@ -297,6 +343,49 @@ async def test_expired_dispatch_is_dead_lettered_and_resolved(
             await conn.execute("SELECT outcome FROM execution_attempt WHERE execution = %s ORDER BY attempt", (eid,))
         ).fetchall()
     assert [o["outcome"] for o in outcomes] == ["expired"] * (reschedules + 1)
+
+
+@pytest.mark.parametrize("transport_kind", ["rabbitmq"])  # the PostgreSQL transport has no deliveries to count
+async def test_a_dispatch_whose_consumers_keep_dying_is_dead_lettered_after_the_delivery_limit(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """A message that kills every consumer it reaches does not loop for ever: past the
+    quorum queue's x-delivery-limit the broker dead-letters it, and the handler records it
+    as ``max_redeliveries`` and moves the execution on (rescheduled, per policy)."""
+    settings.message_queue.rabbitmq.delivery_limit = 1
+    settings.message_queue.rabbitmq.worker_queue_ttl_ms = 60_000  # expiry is not what this is about
+    worker = await make_worker(pool, "deadly")
+    async with pool.connection() as holder:
+        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))  # it looks alive all along
+        transport = new_transport(settings, db_url, pool, relay=True)
+        executor = ExecutorService(settings, db_url, pool, transport)
+        stop = asyncio.Event()
+        async with running(transport):
+            service = asyncio.create_task(executor.run(stop))
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    (eid,) = await make_dispatches(conn, worker)
+                    await transport.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+                deaths = 0
+                while not await dead_letters(pool):
+                    assert deaths < 5, "never dead-lettered"
+                    consumer = new_transport(settings, db_url, pool, relay=False)
+                    dying = DyingBell()
+                    dying.armed = dying.spare_wakeups = True
+                    consumer.subscribe(Topic.WORKER, worker, bell=dying)
+                    async with running(consumer):
+                        await until(lambda d=dying: eid in d.ids(), what="a delivery")
+                    deaths += 1
+                (letter,) = await until(lambda: _resolved(pool), what="the dead letter resolved")
+            finally:
+                stop.set()
+                await service
+    assert letter["reason"] == "max_redeliveries"
+    assert (letter["execution"], letter["attempt"], letter["worker"]) == (eid, 1, worker)
+    assert letter["resolution"] == "rescheduled"
+    assert deaths >= 2  # given back twice, one more than the limit (a third may take the re-dispatch)
+    row = await execution(pool, eid)
+    assert (row["status"], row["attempt"]) == ("scheduled", 2)
 
 
 async def _resolved(pool: AsyncConnectionPool[Any], count: int = 1) -> list[dict[str, Any]]:
