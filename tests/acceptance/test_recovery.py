@@ -621,3 +621,12 @@ def test_health_endpoints(procs: Procs, env: dict[str, str]) -> None:
         metrics = response.read().decode()
     for name in ("conveyor_dlq_depth", "conveyor_dead_letter_handler_seconds_count", "conveyor_outbox_depth"):
         assert f"\n{name} " in metrics, name
+
+    # The worker serves its own metrics: what it ran, how long it took to start.
+    done = procs.run("run", "core.echo", "message=metrics", "--wait")
+    assert done.returncode == 0, describe(done)
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        metrics = response.read().decode()
+    assert 'conveyor_execution_duration_seconds_count{action="core.echo",outcome="completed"} 1.0' in metrics
+    assert "\nconveyor_scheduling_latency_seconds_count 1.0" in metrics

@@ -6,6 +6,7 @@ before and after."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -16,7 +17,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor import gauges
+from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.recovery import Recovery
+from conveyor.store.queries import Q
+from conveyor.transport import messages as m
 from conveyor.transport.postgres import PostgresTransport
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -214,3 +218,47 @@ async def test_claim_reports_time_since_request(conn: Conn, attempt: int) -> Non
     assert observed == (1 if attempt == 1 else 0)
     if attempt == 1:
         assert 2.9 < count("conveyor_scheduling_latency_seconds_sum") - total < 10
+
+
+async def test_admission_gauges_count_slots_and_waiters_per_policy(conn: Conn, pool: Pool) -> None:
+    conn.execute(Q["set_policy"], {"target": "core.echo", "concurrency": 1, "parameters": [], "method": "enqueue"})
+    first, *waiting = (request(conn, "core.echo") for _ in range(3))
+    conn.execute("UPDATE execution_admission_queue SET enqueued = now() - interval '60 seconds'")
+    await gauges.refresh(pool)
+    assert value("conveyor_admission_slots_held", policy="core.echo") == 1
+    assert value("conveyor_admission_queue_depth", policy="core.echo") == 2
+    assert 59 < (value("conveyor_admission_oldest_wait_seconds", policy="core.echo") or 0) < 70
+
+    move(conn, first, "completed", add_worker(conn, "w"))  # its slot goes to the next in line
+    await gauges.refresh(pool)
+    assert value("conveyor_admission_slots_held", policy="core.echo") == 1
+    assert value("conveyor_admission_queue_depth", policy="core.echo") == 1
+    assert len(waiting) == 2
+
+
+async def test_dead_letter_metrics_count_by_reason_and_resolution(conn: Conn, pool: Pool, db_url: str) -> None:
+    """Each handled dead letter is counted with its resolution and timed; the depth gauge
+    is what waits for an operator (on PostgreSQL: the unresolved records)."""
+    settings = Settings()
+    handler = DeadLetterHandler(pool, PostgresTransport(db_url, "conveyor"), settings, "test-executor")
+    finished = request(conn, "core.echo")
+    move(conn, finished, "completed", add_worker(conn, "w"))
+    stale_before = count("conveyor_dead_letters_total", reason="expired", resolution="stale")
+    timed_before = count("conveyor_dead_letter_handler_seconds_count")
+
+    def letter(n: int) -> m.DeadLetter:
+        payload = {"execution_id": finished, "attempt": 1, "worker_id": 1, "scheduled": "2026-01-01T00:00:00+00:00"}
+        return m.DeadLetter(
+            dedupe_key=f"metrics-{n}", message_id=f"metrics-{n}", transport="postgres",
+            queue="conveyor.worker.1.executions", routing_key=m.Names.worker_key(1), reason="expired",
+            body=m.encode(f"metrics-{n}", m.SCHEDULED, payload, datetime(2026, 1, 1, tzinfo=UTC)),
+        )  # fmt: skip
+
+    assert await handler.handle(letter(1)) == "stale"  # the execution moved on long ago
+    assert count("conveyor_dead_letters_total", reason="expired", resolution="stale") == stale_before + 1
+    assert count("conveyor_dead_letter_handler_seconds_count") == timed_before + 1
+
+    await handler.record_unresolved(letter(2).as_poison("handler kept failing"))
+    await handler.refresh_gauges()
+    assert value("conveyor_dlq_depth") == 1  # the poison one waits for an operator
+    assert value("conveyor_dead_letter_records") == 2
