@@ -111,10 +111,8 @@ class RabbitMQTransport(Transport):
     async def replay(
         self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
     ) -> None:
-        await conn.execute(
-            "INSERT INTO outbox (exchange, routing_key, message_type, payload) VALUES ('executions', %s, %s, %s)",
-            (routing_key, message_type, Jsonb(payload)),
-        )
+        params = {"routing_key": routing_key, "message_type": message_type, "payload": Jsonb(payload)}
+        await conn.execute(Q["outbox_replay"], params)
         await self._pg.publish(conn, Topic.OUTBOX)
 
     # -- subscribing -----------------------------------------------------------------

@@ -16,6 +16,11 @@ FROM execution e
 WHERE e.id = ANY(%(ids)s::bigint[]) AND e.status = 'scheduled'
 ORDER BY e.id;
 
+-- name: outbox_replay
+-- A dead-lettered message published again as it was (conveyor dead-letters replay).
+INSERT INTO outbox (exchange, routing_key, message_type, payload)
+VALUES ('executions', %(routing_key)s, %(message_type)s, %(payload)s);
+
 -- name: outbox_claim
 -- The oldest unpublished messages, skipping rows another relay is publishing.
 SELECT id, message_id::text AS message_id, exchange, routing_key, message_type, payload,
