@@ -123,7 +123,9 @@ class DeadLetterConsumer:
                 log.warning("dead letter handling failed; it will be retried", error=error,
                             message_id=dead_letter.message_id, delivery=dead_letter.delivery_count + 1)  # fmt: skip
                 transport_error("rabbitmq", "consume")
-                await message.nack(requeue=True)
+                # reject, not nack: a failure, counted in x-delivery-count on every broker
+                # version (from RabbitMQ 4.3 a requeueing nack no longer counts).
+                await message.reject(requeue=True)
                 return
             try:
                 await self._sink.record_unresolved(dead_letter.as_poison(error))
@@ -144,4 +146,4 @@ class DeadLetterConsumer:
         log.warning("database unreachable; dead letter requeued", error=str(exc).strip())
         transport_error("rabbitmq", "consume")
         await asyncio.sleep(OUTAGE_PAUSE)
-        await message.nack(requeue=True)
+        await message.nack(requeue=True)  # not the letter's fault: RabbitMQ >= 4.3 does not count a nack
