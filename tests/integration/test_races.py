@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from conveyor.sdk import Client
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
-from integration.test_model import finish_params
+from integration.model_world import finish_params
 
 Conn = psycopg.Connection[dict[str, Any]]
 SCHEMA = "conveyor"

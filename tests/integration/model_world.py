@@ -1,0 +1,194 @@
+"""The model test's world: its settings, the event weights, and the records the model
+keeps of what it decided (worker processes, results, dispatches, policies, requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.config import Settings, WorkerSettings
+from conveyor.executor.scheduler import Scheduler
+from conveyor.sdk import Client
+from conveyor.transport.postgres import PostgresTransport
+from conveyor.worker.liveness import Liveness
+
+Conn = psycopg.Connection[dict[str, Any]]
+Pool = AsyncConnectionPool[Any]
+Row = dict[str, Any]
+T = TypeVar("T")
+
+SCHEMA = "conveyor"
+TERMINAL = frozenset({"completed", "failed", "cancelled", "timeout", "abandoned"})
+ON_WORKER = frozenset({"scheduled", "running", "canceling"})
+PYTHON_ACTIONS = ("core.echo", "core.noop", "core.sleep")
+WORKER_NAMES = ("w1", "w2", "w3")
+MAX_EXECUTIONS = 40  # per example: bounds the run time and the drain at teardown
+LOST_MAX = 2  # recovery.worker_lost_max_attempts: the second loss abandons
+RESCHEDULES = 1  # executor.scheduled_timeout_reschedules: the second missed start fails
+
+# Every threshold is tiny or huge so that no outcome depends on timing: any dispatch is
+# overdue for the schedule-to-start monitor, any claim is stale for the reclaim, re-runs
+# after a lost worker are immediate, and a live worker never goes stale by itself (no
+# heartbeat loop runs here).
+SETTINGS = Settings(
+    executor={"scheduled_timeout": 1e-6, "scheduled_timeout_reschedules": RESCHEDULES},
+    recovery={"worker_lost_max_attempts": LOST_MAX, "backoff_base": 0, "backoff_max": 0},
+)
+WORKER_CFG = WorkerSettings(heartbeat_interval=1000, lock_grace=0)
+
+# A worker: capacity, the Python actions it has code for (mostly all), whether it offers
+# the shell runtime (core.local).
+WORKER_SPECS = st.tuples(
+    st.integers(1, 3),
+    st.one_of(st.just(set(PYTHON_ACTIONS)), st.sets(st.sampled_from(PYTHON_ACTIONS), min_size=1)),
+    st.sampled_from([True, True, False]),
+)
+
+# The events and their weights. One rule draws them, rather than a rule each: hypothesis's
+# swarm testing turns whole rules off per example, which would mostly cut the request ->
+# round -> claim -> finish chain. Instead each example silences a few optional ones (see
+# setup). Losing workers is rarer than getting them back, so that work keeps flowing.
+WEIGHTS = {
+    "request": 6, "round A": 4, "claim": 6, "finish": 6, "round B": 3, "cancel during result": 2,
+    "cancel": 2, "finish late": 1, "result again": 1, "honour cancels": 1, "sweep": 1,
+    "scheduled timeouts": 1, "dead letter": 1, "replicas race": 1, "crash after claim": 1, "reclaim": 1,
+    "admission repair": 1, "raise limit": 1, "start worker": 3, "uncordon worker": 2, "kill worker": 1,
+    "hang worker": 1, "resume worker": 1, "stop worker": 1, "drain worker": 1,
+}  # fmt: skip
+EVENTS = tuple(name for name, weight in WEIGHTS.items() for _ in range(weight))
+OPTIONAL = ("cancel", "scheduled timeouts", "dead letter", "crash after claim", "kill worker", "hang worker",
+            "drain worker", "replicas race", "stop worker", "raise limit")  # fmt: skip
+
+# Each example starts from these tables emptied (actions and migrations stay).
+RESET = (
+    "TRUNCATE execution, execution_attempt, worker, outbox, dead_letter, admission_policy,"
+    " execution_admission_group, execution_admission_slot, execution_admission_queue RESTART IDENTITY CASCADE"
+)
+
+
+@dataclass
+class Env:
+    """What every example shares: one database, one event loop for the async classes."""
+
+    url: str
+    loop: asyncio.AbstractEventLoop
+    pool: Pool
+    transport: PostgresTransport
+    conn: Conn  # autocommit: the worker's queries and the test's reads
+    other: Conn  # a second writer, with a transaction left open on purpose
+    client: Client  # the SDK: requests and cancels
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+
+@dataclass(eq=False)
+class Proc:
+    """One worker process. ``state``: alive; hung (heartbeat stale, lock still held, may
+    still write); killed (connection gone, writes nothing more)."""
+
+    name: str
+    liveness: Liveness
+    worker_id: int
+    capacity: int
+    actions: frozenset[str]
+    runtimes: tuple[str, ...]
+    state: str = "alive"
+    runs: dict[int, int] = field(default_factory=dict)  # execution -> attempt it believes it runs
+
+    def __repr__(self) -> str:
+        return f"Proc({self.name}#{self.worker_id}, {self.state}, runs={self.runs})"
+
+
+@dataclass(frozen=True)
+class Result:
+    """A result message as the worker sends it (``finish``), kept for redelivery."""
+
+    proc: Proc
+    execution: int
+    attempt: int
+    status: str
+    outcome: str
+    delay: float | None
+
+    def params(self) -> dict[str, Any]:
+        return finish_params(self.proc.worker_id, self.execution, self.attempt, self.status, self.outcome, self.delay)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A dispatch seen after a round: what a dead letter for it names."""
+
+    id: int
+    attempt: int
+    worker: int
+    scheduled: datetime
+
+
+@dataclass(frozen=True)
+class Policy:
+    concurrency: int
+    parameters: tuple[str, ...]
+    method: str
+
+
+@dataclass(frozen=True)
+class Requested:
+    ref: str
+    parameters: dict[str, Any]
+    policy: str | None  # the policy that governed it at request time
+    group: str | None  # its group key, as canonical JSON
+
+
+@dataclass
+class Snap:
+    executions: dict[int, Row]
+    attempts: dict[int, list[Row]]
+    slots: dict[int, Row]
+    queue: dict[int, Row]
+    workers: dict[int, Row]
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def finish_params(
+    worker: int,
+    eid: int,
+    attempt: int,
+    status: str = "completed",
+    outcome: str = "completed",
+    delay: float | None = None,
+) -> dict[str, Any]:
+    """Parameters of the worker's ``finish`` for one result (it takes a batch)."""
+    return {
+        "worker": worker, "ids": [eid], "attempts": [attempt], "statuses": [status], "outcomes": [outcome],
+        "delays": [delay], "results": [Jsonb({"succeeded": outcome == "completed"})],
+        "errors": [None if outcome == "completed" else outcome],
+    }  # fmt: skip
+
+
+async def claim_then_crash(scheduler: Scheduler, pool: Pool) -> list[int]:
+    """The first transaction of a round (claims committed), then the replica dies before
+    placing anything: the ``scheduler.after_claim`` failpoint, in-process."""
+    async with pool.connection() as conn, conn.pipeline():
+        rows = await scheduler._claim(conn)
+    return [r["id"] for r in rows]
+
+
+async def noop() -> None:
+    return None
+
+
+async def noop_lost(reason: str) -> None:
+    return None
