@@ -284,7 +284,6 @@ class Client:
         or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
         raises ConflictError."""
         with self.conn.transaction():
-            self.conn.execute(Q["lock_execution"], {"id": execution_id})
             row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
             if row is None:
                 raise ExecutionNotFoundError(execution_id)

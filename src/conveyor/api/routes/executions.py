@@ -200,7 +200,6 @@ async def cancel(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, 
     its worker stopped it (process group killed). Finished: 409."""
     eid = _valid_id(execution_id)
     async with ctx.pool.connection() as conn, conn.transaction():
-        await conn.execute(Q["lock_execution"], {"id": eid})
         row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
         if row is None:
             raise ExecutionNotFoundError(eid)

@@ -60,43 +60,9 @@ LIMIT 500;
 -- name: stream_start
 SELECT now() AS updated;
 
--- name: lock_execution
--- Wait for and lock the row in a statement of its own, so that the caller's next
--- statement takes its snapshot after whatever changed the row committed (an UPDATE's
--- CTEs see only their own statement's snapshot: a cancel that waited on a dispatch
--- would re-read the row as scheduled but not see the attempt that dispatch created).
--- NO KEY UPDATE, like the UPDATE that follows: a promotion admitting this execution
--- takes a key-share lock on it (the slot's foreign key) while holding its group's lock,
--- which the cancel's release then waits for; a full FOR UPDATE would deadlock with it.
-SELECT id FROM execution WHERE id = %(id)s FOR NO KEY UPDATE;
-
 -- name: cancel_execution
--- Cancel: not started yet -> cancelled at once (a scheduled attempt is closed);
--- running -> canceling, finished as cancelled by its worker (or by recovery if the
--- worker is gone). Anything else is left as it is and reported. Run after
--- lock_execution in the same transaction.
-WITH target AS (
-    SELECT id, status, worker, attempt FROM execution WHERE id = %(id)s FOR NO KEY UPDATE
-), moved AS (
-    UPDATE execution e
-    SET status = CASE WHEN target.status = 'running' THEN 'canceling' ELSE 'cancelled' END,
-        ended = CASE WHEN target.status = 'running' THEN NULL ELSE now() END,
-        not_before = NULL,
-        result = CASE WHEN target.status = 'running' THEN e.result
-                      ELSE jsonb_build_object('succeeded', false, 'error', 'cancelled by ' || %(by)s::text,
-                                              'failed_by', 'api') END
-    FROM target
-    WHERE e.id = target.id AND target.status IN ('requested', 'scheduling', 'scheduled', 'running')
-    RETURNING e.id, e.status, e.worker, e.attempt, target.status AS was
-), closed AS (
-    UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled', error = 'cancelled by ' || %(by)s::text
-    FROM moved WHERE moved.was = 'scheduled' AND t.execution = moved.id AND t.attempt = moved.attempt
-)
--- Asked again while its worker stops it (canceling): the same answer, nothing changed.
-SELECT target.id, target.status AS was,
-       coalesce(moved.status, CASE WHEN target.status = 'canceling' THEN 'canceling' END) AS now,
-       coalesce(moved.worker, target.worker) AS worker
-FROM target LEFT JOIN moved ON moved.id = target.id;
+-- The SQL function of migration 0008 (lock, then change, in statements of their own).
+SELECT id, was, now, worker FROM cancel_execution(%(id)s, %(by)s);
 
 -- name: canceling_on_worker
 SELECT id, attempt FROM execution WHERE worker = %(worker)s AND status = 'canceling';
