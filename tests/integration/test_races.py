@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -88,20 +89,36 @@ def _admission(conn: Conn) -> tuple[list[int], list[int]]:
     return slots, queue
 
 
+def _first_holds_while_second_waits(
+    db_url: str, conn: Conn, first_step: Callable[[Conn], None], statement: str, params: Any
+) -> None:
+    """``first_step`` on a connection whose transaction stays open; ``statement`` on another
+    until it waits for the first's locks; then the first commits and the second finishes."""
+    with connect_sync(db_url, SCHEMA) as first:
+        first_step(first)
+        thread, pid = _second_writer(db_url, statement, params)
+        assert _waits_for_a_lock(conn, pid)
+        first.commit()
+    thread.join()
+
+
+def _x_completed_w_cancelled_w2_admitted(conn: Conn, w2: int) -> None:
+    statuses = [r["status"] for r in conn.execute("SELECT status FROM execution ORDER BY id")]
+    assert statuses == ["completed", "cancelled", "requested"]
+    assert _admission(conn) == ([w2], [])
+
+
 def test_cancelling_the_next_waiter_while_the_slot_is_released_admits_the_one_after(db_url: str, conn: Conn) -> None:
     """The API's cancel of W (uncommitted) while X's result frees the slot: the promotion
     must admit W2. (Before migration 0007 it picked W, found it gone once the cancel
     committed, and admitted nobody: W2 waited beside a free slot for the admission repair.)"""
     worker, x, w, w2 = _one_slot_and_two_waiters(conn)
-    with connect_sync(db_url, SCHEMA) as first:
+
+    def cancel_w(first: Conn) -> None:
         assert first.execute(Q["cancel_execution"], {"id": w, "by": "test"}).fetchone()["now"] == "cancelled"
-        thread, pid = _second_writer(db_url, Q["finish"], finish_params(worker, x, 1))
-        assert _waits_for_a_lock(conn, pid)
-        first.commit()
-    thread.join()
-    statuses = [r["status"] for r in conn.execute("SELECT status FROM execution ORDER BY id")]
-    assert statuses == ["completed", "cancelled", "requested"]
-    assert _admission(conn) == ([w2], [])
+
+    _first_holds_while_second_waits(db_url, conn, cancel_w, Q["finish"], finish_params(worker, x, 1))
+    _x_completed_w_cancelled_w2_admitted(conn, w2)
 
 
 def test_ending_a_waiter_as_it_is_admitted_releases_its_slot(db_url: str, conn: Conn) -> None:
@@ -109,17 +126,13 @@ def test_ending_a_waiter_as_it_is_admitted_releases_its_slot(db_url: str, conn: 
     W's slot must go and W2 be admitted. (Before migration 0007 the release found no slot
     yet, so W kept it though it ended: with a limit of 1 the group was blocked for good.)"""
     worker, x, w, w2 = _one_slot_and_two_waiters(conn)
-    with connect_sync(db_url, SCHEMA) as first:
+
+    def finish_x(first: Conn) -> None:
         assert [r["id"] for r in first.execute(Q["finish"], finish_params(worker, x, 1)).fetchall()] == [x]
-        thread, pid = _second_writer(
-            db_url, "UPDATE execution SET status = 'cancelled', ended = now() WHERE id = %s", (w,)
-        )
-        assert _waits_for_a_lock(conn, pid)
-        first.commit()
-    thread.join()
-    statuses = [r["status"] for r in conn.execute("SELECT status FROM execution ORDER BY id")]
-    assert statuses == ["completed", "cancelled", "requested"]
-    assert _admission(conn) == ([w2], [])
+
+    end_w = "UPDATE execution SET status = 'cancelled', ended = now() WHERE id = %s"
+    _first_holds_while_second_waits(db_url, conn, finish_x, end_w, (w,))
+    _x_completed_w_cancelled_w2_admitted(conn, w2)
 
 
 def test_a_cancel_that_waited_on_the_dispatch_closes_the_attempt_the_dispatch_created(db_url: str, conn: Conn) -> None:

@@ -191,17 +191,25 @@ async def test_consumer_started_late_is_woken(settings: Settings, db_url: str, p
             await until(
                 lambda: _outbox_empty(conn) if settings.transport == "rabbitmq" else True, what="outbox relayed"
             )
-        worker_side = new_transport(settings, db_url, pool, relay=False)
-        bell = RecordingBell()
-        worker_side.subscribe(Topic.WORKER, worker, bell=bell)
-        async with running(worker_side):
-            await until(lambda: bell.rings, what="the late worker is rung")
-            if settings.transport == "rabbitmq":
-                await until(lambda: eid in bell.ids(), what="the message waited in its queue")
-        # Whatever rang it, the worker finds its dispatch by reading its rows.
-        async with pool.connection() as conn:
-            claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
-        assert [r["id"] for r in claimed] == [eid]
+        assert await woken_consumer_claims(settings, db_url, pool, worker, eid) == [eid]
+
+
+async def woken_consumer_claims(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], worker: int, eid: int
+) -> list[int]:
+    """A new consumer of ``worker``'s dispatches: it must be rung (on RabbitMQ by ``eid``'s
+    own message, which waited in the queue for it); whatever rang it, the worker finds its
+    dispatches by reading its rows. Returns the ids it claims."""
+    worker_side = new_transport(settings, db_url, pool, relay=False)
+    bell = RecordingBell()
+    worker_side.subscribe(Topic.WORKER, worker, bell=bell)
+    async with running(worker_side):
+        await until(lambda: bell.rings, what="the consumer is rung")
+        if settings.transport == "rabbitmq":
+            await until(lambda: eid in bell.ids(), what="the message waited in its queue for a consumer")
+    async with pool.connection() as conn:
+        claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
+    return [r["id"] for r in claimed]
 
 
 class DyingBell(RecordingBell):
@@ -236,16 +244,7 @@ async def test_a_consumer_that_dies_mid_delivery_leaves_it_to_the_next(
                 await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
             await until(lambda: len(dying.rings) > 1, what="the first consumer received the dispatch")
         # The first consumer is gone (its connection closed) without acknowledging.
-        second = new_transport(settings, db_url, pool, relay=False)
-        bell = RecordingBell()
-        second.subscribe(Topic.WORKER, worker, bell=bell)
-        async with running(second):
-            await until(lambda: bell.rings, what="the next consumer is rung")
-            if settings.transport == "rabbitmq":
-                await until(lambda: eid in bell.ids(), what="the unacknowledged dispatch delivered again")
-        async with pool.connection() as conn:
-            claimed = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
-        assert [r["id"] for r in claimed] == [eid]
+        assert await woken_consumer_claims(settings, db_url, pool, worker, eid) == [eid]
     assert await dead_letters(pool) == []  # redelivered, not dead-lettered
 
 
@@ -309,22 +308,10 @@ async def test_expired_dispatch_is_dead_lettered_and_resolved(
     rescheduled while the bound allows (here onto the same worker, the only one), then
     failed with the seeds' text."""
     settings.executor.scheduled_timeout_reschedules = reschedules
-    worker = await make_worker(pool, "frozen")
-    async with pool.connection() as holder:
-        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))
-        transport = new_transport(settings, db_url, pool, relay=True)
-        executor = ExecutorService(settings, db_url, pool, transport)
-        stop = asyncio.Event()
-        async with running(transport):
-            service = asyncio.create_task(executor.run(stop))
-            try:
-                async with pool.connection() as conn, conn.transaction():
-                    (eid,) = await make_dispatches(conn, worker)
-                    await transport.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
-                letters = await until(lambda: _resolved(pool, reschedules + 1), what="resolved dead letters")
-            finally:
-                stop.set()
-                await service
+    async with frozen_beside_an_executor(settings, db_url, pool, "frozen") as frozen:
+        eid = await dispatch_to(frozen, pool)
+        letters = await until(lambda: _resolved(pool, reschedules + 1), what="resolved dead letters")
+    worker = frozen.worker
     assert [r["resolution"] for r in letters] == ["rescheduled"] * reschedules + ["failed"]
     for attempt, letter in enumerate(letters, start=1):
         assert letter["reason"] == "expired"
@@ -354,32 +341,20 @@ async def test_a_dispatch_whose_consumers_keep_dying_is_dead_lettered_after_the_
     as ``max_redeliveries`` and moves the execution on (rescheduled, per policy)."""
     settings.message_queue.rabbitmq.delivery_limit = 1
     settings.message_queue.rabbitmq.worker_queue_ttl_ms = 60_000  # expiry is not what this is about
-    worker = await make_worker(pool, "deadly")
-    async with pool.connection() as holder:
-        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))  # it looks alive all along
-        transport = new_transport(settings, db_url, pool, relay=True)
-        executor = ExecutorService(settings, db_url, pool, transport)
-        stop = asyncio.Event()
-        async with running(transport):
-            service = asyncio.create_task(executor.run(stop))
-            try:
-                async with pool.connection() as conn, conn.transaction():
-                    (eid,) = await make_dispatches(conn, worker)
-                    await transport.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
-                deaths = 0
-                while not await dead_letters(pool):
-                    assert deaths < 5, "never dead-lettered"
-                    consumer = new_transport(settings, db_url, pool, relay=False)
-                    dying = DyingBell()
-                    dying.armed = dying.spare_wakeups = True
-                    consumer.subscribe(Topic.WORKER, worker, bell=dying)
-                    async with running(consumer):
-                        await until(lambda d=dying: eid in d.ids(), what="a delivery")
-                    deaths += 1
-                (letter,) = await until(lambda: _resolved(pool), what="the dead letter resolved")
-            finally:
-                stop.set()
-                await service
+    async with frozen_beside_an_executor(settings, db_url, pool, "deadly") as frozen:  # alive all along
+        worker = frozen.worker
+        eid = await dispatch_to(frozen, pool)
+        deaths = 0
+        while not await dead_letters(pool):
+            assert deaths < 5, "never dead-lettered"
+            consumer = new_transport(settings, db_url, pool, relay=False)
+            dying = DyingBell()
+            dying.armed = dying.spare_wakeups = True
+            consumer.subscribe(Topic.WORKER, worker, bell=dying)
+            async with running(consumer):
+                await until(lambda d=dying: eid in d.ids(), what="a delivery")
+            deaths += 1
+        (letter,) = await until(lambda: _resolved(pool), what="the dead letter resolved")
     assert letter["reason"] == "max_redeliveries"
     assert (letter["execution"], letter["attempt"], letter["worker"]) == (eid, 1, worker)
     assert letter["resolution"] == "rescheduled"
@@ -414,6 +389,27 @@ async def frozen_worker(
         handler = DeadLetterHandler(pool, transport, settings, "test")
         transport.handle_dead_letters(handler)
         yield Frozen(worker, transport, handler)
+
+
+@contextlib.asynccontextmanager
+async def frozen_beside_an_executor(
+    settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], name: str
+) -> AsyncIterator[Frozen]:
+    """A frozen worker (see ``frozen_worker``) beside a whole executor service running on
+    the transport: its dispatches' dead letters are found and handled as in production."""
+    worker = await make_worker(pool, name)
+    async with pool.connection() as holder:
+        await holder.execute("SELECT acquire_worker_lock(%s)", (worker,))
+        transport = new_transport(settings, db_url, pool, relay=True)
+        executor = ExecutorService(settings, db_url, pool, transport)
+        stop = asyncio.Event()
+        async with running(transport):
+            service = asyncio.create_task(executor.run(stop))
+            try:
+                yield Frozen(worker, transport, executor._dead_letters)
+            finally:
+                stop.set()
+                await service
 
 
 async def dispatch_to(frozen: Frozen, pool: AsyncConnectionPool[Any], *, expired: bool = False) -> int:
