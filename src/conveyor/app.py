@@ -117,6 +117,9 @@ async def serve(
     await pool.open(wait=True, timeout=30)
     try:
         transport = make_transport(settings, url, pool, relay=run_executor, application_name=f"conveyor-{roles}-listen")
+        if run_executor or run_worker:
+            async with pool.connection() as conn:
+                await transport.declare_route(conn)
         executor = ExecutorService(settings, url, pool, transport) if run_executor else None
         worker = WorkerService(settings, url, pool, transport, actions) if run_worker else None
         if worker is not None:
@@ -129,7 +132,12 @@ async def serve(
                 if settings.health.port is not None:
 
                     def readiness() -> dict[str, bool]:
-                        return {"transport": transport.connected, **({"worker": worker.ready} if worker else {})}
+                        checks = {"transport": transport.connected}
+                        if worker is not None:
+                            checks["worker"] = worker.ready
+                        if executor is not None:
+                            checks["executor_duties"] = executor.ready
+                        return checks
 
                     health = tg.create_task(HealthServer(settings.health, pool, readiness).run(), name="health")
                 await ready.wait()

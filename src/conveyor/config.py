@@ -60,6 +60,12 @@ class ExecutorSettings(_Section):
     admission_repair_interval: float = Field(
         5, gt=0, description="seconds between checks for admission groups with a free slot and a waiter"
     )
+    duty_failures_before_unready: int = Field(
+        3,
+        ge=1,
+        description="consecutive failures (other than a database outage) after which a recovery duty "
+        "is reported failing and the executor's readiness fails, until the duty succeeds again",
+    )
 
 
 class WorkerSettings(_Section):

@@ -27,6 +27,16 @@ DLQ_DEPTH = Gauge(
     "Dead letters waiting: unresolved records plus messages in the broker's dead-letter queue",
 )
 DEAD_LETTER_RECORDS = Gauge("conveyor_dead_letter_records", "Dead-letter records kept (retention: dead_letter.ttl_ms)")
+DUTY_FAILURES = Counter(
+    "conveyor_executor_duty_failures_total",
+    "Executor duty runs that failed for another reason than a database outage (a bug), by duty",
+    ["duty"],
+)
+DUTY_FAILING = Gauge(
+    "conveyor_executor_duty_failing",
+    "1 while an executor duty has failed executor.duty_failures_before_unready times in a row",
+    ["duty"],
+)
 OUTBOX_DEPTH = Gauge("conveyor_outbox_depth", "Outbox messages committed but not yet published")
 OUTBOX_PUBLISHED = Counter("conveyor_outbox_published_total", "Outbox messages published and confirmed by the broker")
 

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
+from conveyor.domain.dead_letters import Resolution
 from conveyor.domain.errors import ConveyorError
 from conveyor.store.db import Row
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
-from conveyor.transport.base import Transport
 
 
 class NotReplayableError(ConveyorError):
@@ -24,7 +25,7 @@ def replayable(row: Row) -> tuple[str, str, dict[str, Any]]:
     """(routing key, message type, inner payload) to publish again, checked with the
     consumers' own rules so a replayed message is not simply rejected again."""
     payload = row["payload"]
-    if row["resolution"] == "invalid" or not isinstance(payload, dict) or "raw" in payload:
+    if row["resolution"] == Resolution.INVALID or not isinstance(payload, dict) or "raw" in payload:
         raise NotReplayableError("its body is not a Conveyor message (resolution invalid); inspect it with `show`")
     try:
         envelope = m.decode(json.dumps(payload).encode())
@@ -53,21 +54,23 @@ class Outcome:
 
 
 async def replay_one(
-    conn: psycopg.AsyncConnection[Row], transport: Transport, dead_letter_id: int, *, by: str, skip_replayed: bool
+    conn: psycopg.AsyncConnection[Row], dead_letter_id: int, *, by: str, skip_replayed: bool
 ) -> Outcome:
     """Inside ``conn``'s transaction: lock the letter, publish it again through the
-    configured transport (a NOTIFY, or an outbox row for the relay), mark it replayed."""
+    transport in use (``replay_message``: a NOTIFY, or an outbox row for the relay), mark
+    it replayed."""
     row = await (await conn.execute(Q["lock_dead_letter"], {"id": dead_letter_id})).fetchone()
     if row is None:
         return Outcome(dead_letter_id, error=f"no dead letter with id {dead_letter_id}")
-    if skip_replayed and row["resolution"] == "replayed":
+    if skip_replayed and row["resolution"] == Resolution.REPLAYED:
         return Outcome(dead_letter_id, skipped="replayed meanwhile by someone else")
     try:
         routing_key, message_type, inner = replayable(row)
     except NotReplayableError as exc:
         return Outcome(dead_letter_id, error=f"dead letter {dead_letter_id} cannot be replayed: {exc}")
-    await transport.replay(conn, routing_key, message_type, inner)
-    previous = row["resolution"] or "pending"
-    detail = f"published again to {routing_key} on the {transport.kind} transport; was {previous}"
+    params = {"routing_key": routing_key, "message_type": message_type, "payload": Jsonb(inner)}
+    sent = await (await conn.execute(Q["replay_message"], params)).fetchone()
+    previous = row["resolution"] or Resolution.PENDING
+    detail = f"published again to {routing_key} on the {sent['transport'] if sent else '?'} transport; was {previous}"
     await conn.execute(Q["mark_replayed"], {"id": dead_letter_id, "by": by, "detail": detail})
     return Outcome(dead_letter_id, routing_key=routing_key)

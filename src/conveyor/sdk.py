@@ -12,36 +12,25 @@ connection), read them, wait for them.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import jsonschema
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from conveyor.actions.registry import AdmissionPolicy
-from conveyor.domain.errors import (
-    ConflictError,
-    ConveyorError,
-    ExecutionNotFoundError,
-    InvalidParametersError,
-    InvalidPolicyError,
-    NotFoundError,
-    UnknownActionError,
-)
+from conveyor import verbs
+from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.models import Attempt, Execution, WorkerInfo
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 
-_UNKNOWN_ACTION, _INVALID_PARAMETERS = "CVA01", "CVA02"
-# admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
-_TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
-_TARGET_MAX = 255
+# Kept importable from here (the SDK's public names before conveyor.verbs existed).
+validate_parameters = verbs.validate_parameters
+valid_policy_target = verbs.valid_policy_target
 
 
 def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> dict[str, Any]:
@@ -54,15 +43,6 @@ def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> d
     if row is None:
         raise UnknownActionError(action_ref)
     return dict(row["parameters_schema"])
-
-
-def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], parameters: Any) -> None:
-    cls = jsonschema.validators.validator_for(parameters_schema)
-    errors = sorted(cls(parameters_schema).iter_errors(parameters), key=lambda e: list(e.path))
-    if errors:
-        raise InvalidParametersError(
-            action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
-        )
 
 
 def request_execution(
@@ -85,7 +65,7 @@ def request_execution(
             )
             row = cur.fetchone()
     except psycopg.Error as exc:
-        raise _translate(exc, action_ref) from None
+        raise verbs.translate(exc, action_ref=action_ref) from None
     assert row is not None
     return int(row[0])
 
@@ -100,63 +80,15 @@ def request_executions(
             schemas[ref] = _schema_of(conn, ref, schema)
         validate_parameters(ref, schemas[ref], params)
     # A savepoint inside the caller's transaction (or a transaction of its own under
-    # autocommit); the search path is switched for the statement and restored.
+    # autocommit); the function's own search_path resolves its names.
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute("SELECT current_setting('search_path')")
-        saved = cur.fetchone()
-        cur.execute("SELECT set_config('search_path', %s, true)", (schema,))
         cur.execute(
-            Q["request_many"], {"refs": [r for r, _ in requests], "parameters": [Jsonb(p) for _, p in requests]}
+            sql.SQL("SELECT id FROM {}.request_executions(%s::text[], %s::jsonb[]) AS id").format(
+                sql.Identifier(schema)
+            ),
+            ([r for r, _ in requests], [Jsonb(p) for _, p in requests]),
         )
-        ids = [int(r[0]) for r in cur.fetchall()]
-        cur.execute("SELECT set_config('search_path', %s, true)", (saved[0] if saved else "",))
-        cur.execute("SELECT pg_notify(%s, '')", (f"{schema}.requested",))
-    return ids
-
-
-def _translate(exc: psycopg.Error, action_ref: str) -> ConveyorError | psycopg.Error:
-    message = exc.diag.message_primary or str(exc)
-    if exc.sqlstate == _UNKNOWN_ACTION:
-        return UnknownActionError(action_ref)
-    if exc.sqlstate == _INVALID_PARAMETERS:
-        return InvalidParametersError(action_ref, [message.split(": ", 1)[-1]])
-    return exc
-
-
-translate_request_error = _translate
-
-
-def valid_policy_target(target: str) -> bool:
-    return isinstance(target, str) and len(target) <= _TARGET_MAX and _TARGET.fullmatch(target) is not None
-
-
-def policy_spec(target: str, concurrency: int, parameters: Sequence[str], method: str) -> AdmissionPolicy:
-    """The checked policy for ``set``; InvalidPolicyError says what is wrong."""
-    if not valid_policy_target(target):
-        raise InvalidPolicyError(
-            f"invalid policy target {target!r}: give an action ref (pack.name), a pack (pack) or '*' (every action)"
-        )
-    params = tuple(parameters) if isinstance(parameters, list | tuple) else parameters  # else refused below
-    try:
-        return AdmissionPolicy(concurrency, params, method)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise InvalidPolicyError(f"invalid policy for {target}: {exc}") from None
-
-
-def policy_not_found(target: str) -> NotFoundError:
-    return NotFoundError(f"no admission policy for {target!r} (see `conveyor policies list`)")
-
-
-def deletion_refused(current: dict[str, Any], defined: bool) -> ConflictError | None:
-    """A policy from an action's definition follows that definition: deleting it would
-    last only until the next change to it, so it is refused (an override is the way)."""
-    if current["source"] == "metadata" and defined:
-        target = current["target"]
-        return ConflictError(
-            f"the policy for {target} comes from the action's definition (policy=...): change the definition, "
-            f"or override it with `conveyor policies set {target} --concurrency N`"
-        )
-    return None
+        return [int(r[0]) for r in cur.fetchall()]
 
 
 def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execution:
@@ -206,21 +138,14 @@ class Client:
         return [WorkerInfo(**r) for r in self.conn.execute(Q["list_workers"]).fetchall()]
 
     def cordon(self, name: str, cordoned: bool = True) -> int:
-        row = self.conn.execute(Q["set_cordon"], {"name": name, "cordoned": cordoned}).fetchone()
-        if row is None:
-            raise ConveyorError(f"no worker named {name!r}")
-        return int(row["id"])
+        row = self.conn.execute(Q["cordon_worker"], {"name": name, "cordoned": cordoned}).fetchone()
+        return int(verbs.worker_changed(name, row)["id"])
 
     def drain(self, name: str) -> int:
         """Cordon the worker and hand its not-yet-started work to others; what it runs
         finishes there. Returns how many executions were handed back."""
-        with self.conn.transaction():
-            worker_id = self.cordon(name)
-            self.conn.execute(Q["lock_assignment"])  # no dispatch to it can slip in after this
-            back = self.conn.execute(Q["hand_back_scheduled"], {"worker": worker_id}).fetchall()
-            if back:
-                self.conn.execute("SELECT pg_notify(%s, '')", (f"{self.schema}.requested",))
-        return len(back)
+        row = self.conn.execute(Q["drain_worker"], {"name": name}).fetchone()
+        return int(verbs.worker_changed(name, row)["handed_back"])
 
     def actions(self) -> list[dict[str, Any]]:
         return list(self.conn.execute(Q["list_actions"]).fetchall())
@@ -239,9 +164,7 @@ class Client:
 
     def policy(self, target: str) -> dict[str, Any]:
         row = self.conn.execute(Q["get_policy"], {"target": target}).fetchone() if valid_policy_target(target) else None
-        if row is None:
-            raise policy_not_found(target)
-        return dict(row)
+        return verbs.policy_found(target, row)
 
     def set_policy(
         self, target: str, concurrency: int, parameters: Sequence[str] = (), method: str = "enqueue"
@@ -249,7 +172,7 @@ class Client:
         """Create or replace the operator policy for ``target`` (an action ref, a pack or
         '*'); it wins over the action's own ``policy=``. Returns it as stored. Waiters a
         higher limit now allows are admitted by the database in the same transaction."""
-        spec = policy_spec(target, concurrency, parameters, method)
+        spec = verbs.policy_spec(target, concurrency, parameters, method)
         with self.conn.transaction():
             self.conn.execute(Q["set_policy"], {"target": target, **spec.to_json()})
             return self.policy(target)
@@ -258,18 +181,12 @@ class Client:
         """Delete the policy for ``target``; its waiters become schedulable. Deleting an
         operator's override of an action's own policy puts that one back (returned as
         ``restored``); deleting a policy that an action's definition declares is refused."""
-        with self.conn.transaction():
-            current = self.policy(target)
-            defined = self.conn.execute(Q["policy_in_definition"], {"target": target}).fetchone() is not None
-            refusal = deletion_refused(current, defined)
-            if refusal is not None:
-                raise refusal
+        if not valid_policy_target(target):
+            raise verbs.policy_not_found(target)
+        with self.conn.transaction(), verbs.refusals(target=target):
             deleted = self.conn.execute(Q["delete_policy"], {"target": target}).fetchone()
-            if deleted is None:  # deleted meanwhile by someone else
-                raise policy_not_found(target)
-            restored = None
-            if defined and self.conn.execute(Q["restore_definition_policy"], {"target": target}).fetchone():
-                restored = self.policy(target)
+            assert deleted is not None  # the function returns a row or raises
+            restored = self.policy(target) if deleted["restored"] else None
         return {**deleted, "restored": restored}
 
     def admission(self, execution_id: int) -> dict[str, Any] | None:
@@ -283,17 +200,8 @@ class Client:
         """Cancel an execution; returns its new status: ``cancelled`` (it had not started),
         or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
         raises ConflictError."""
-        with self.conn.transaction():
-            row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
-            if row is None:
-                raise ExecutionNotFoundError(execution_id)
-            if row["now"] is None:
-                raise ConflictError(f"execution {execution_id} is {row['was']}: nothing to cancel")
-            if row["now"] == "cancelled":  # waiters are told now
-                self.conn.execute("SELECT pg_notify(%s, %s)", (f"{self.schema}.completed", str(execution_id)))
-            elif row["worker"] is not None:  # its worker looks now (it also checks every poll)
-                self.conn.execute("SELECT pg_notify(%s, '')", (f"{self.schema}.worker.{row['worker']}",))
-        return str(row["now"])
+        row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+        return verbs.cancelled(execution_id, row)
 
     def wait(self, execution_id: int, timeout: float | None = None) -> Execution:
         """Block until the execution is terminal (woken by NOTIFY, re-checked every second)."""

@@ -243,6 +243,7 @@ def test_replay_on_rabbitmq_writes_an_outbox_row(conn: Conn, db_url: str, rabbit
     completed = _insert(conn, transport="rabbitmq", reason="max_redeliveries", resolution="stale",
                         payload=_envelope("execution.completed", {"execution_ids": [9]}),
                         routing_key="execution.completed")  # fmt: skip
+    conn.execute("SELECT set_transport_route('rabbitmq')")  # as the installation's executors declare at start
 
     _ok(run_cli("dead-letters", "replay", str(dispatch), str(completed), env=env))
     outbox = conn.execute("SELECT exchange, routing_key, message_type, payload FROM outbox ORDER BY id").fetchall()

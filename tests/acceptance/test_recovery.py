@@ -614,7 +614,7 @@ def test_health_endpoints(procs: Procs, env: dict[str, str]) -> None:
     executor_base = f"http://127.0.0.1:{executor_port}"
     until(procs, lambda: _get(f"{executor_base}/healthz")[0] == 200, timeout=10)
     status, body = until(procs, lambda: (r := _get(f"{executor_base}/readyz"))[0] == 200 and r, timeout=10)
-    assert body["checks"] == {"database": True, "loop": True, "transport": True}
+    assert body["checks"] == {"database": True, "loop": True, "transport": True, "executor_duties": True}
 
     with urllib.request.urlopen(f"{executor_base}/metrics", timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain")

@@ -183,7 +183,7 @@ class ExecutorEvents:
     def on_crash_after_claim(self, data: st.DataObject) -> None:
         """A replica claims, then dies before placing anything (its restart has a new id)."""
         scheduler = Scheduler(
-            self.env.pool, self.env.transport, executor_id=f"ex-C{next(self.crashes)}", batch_size=4,
+            self.env.pool, executor_id=f"ex-C{next(self.crashes)}", batch_size=4,
             no_worker_grace=self.grace, unplaceable_check_interval=0,
         )  # fmt: skip
         before = self.snapshot()

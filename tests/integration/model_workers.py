@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 import conveyor
+from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.status import ExecutionStatus as S
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.worker.liveness import Liveness, NameInUseError
@@ -107,8 +109,8 @@ class WorkerEvents:
             back = c.execute(Q["hand_back_scheduled"], {"worker": wid}).fetchall()
         decisions = Decisions()
         for eid, attempt in proc.runs.items():
-            decisions.add({"id": eid, "attempt": attempt}, "requested", None, "worker shut down")
-        params = decisions.params(worker=wid, outcome="interrupted", by="worker", from_statuses=["running"])
+            decisions.add({"id": eid, "attempt": attempt}, Decision(S.REQUESTED, None, "worker shut down"))
+        params = decisions.params(AttemptEnd.INTERRUPTED, by="worker", from_statuses=(S.RUNNING,), worker=wid)
         released = c.execute(Q["resolve_attempts"], params).fetchall() if decisions.ids else []
         runs = dict(proc.runs)
         self.env.run(proc.liveness.close("inactive"))

@@ -36,7 +36,7 @@ def policy(
 
 
 def scheduler(pool: Pool, transport: PostgresTransport, executor_id: str = "ex-a") -> Scheduler:
-    return Scheduler(pool, transport, executor_id=executor_id, batch_size=100, no_worker_grace=0,
+    return Scheduler(pool, executor_id=executor_id, batch_size=100, no_worker_grace=0,
                      unplaceable_check_interval=0)  # fmt: skip
 
 

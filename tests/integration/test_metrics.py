@@ -165,7 +165,7 @@ async def test_sweep_counts_recoveries_by_kind_and_worker_downtime(
     downtimes = count("conveyor_worker_downtime_seconds_count")
     downtime_sum = count("conveyor_worker_downtime_seconds_sum")
 
-    result = await Recovery(pool, transport, Settings()).sweep()
+    result = await Recovery(pool, Settings()).sweep()
 
     assert result == {"dead": 1, "handed_back": 1, "requeued": 1, "ended": 2}
     assert {k: count("conveyor_recoveries_total", kind=k) - before[k] for k in kinds} == dict.fromkeys(kinds, 1)
@@ -173,7 +173,7 @@ async def test_sweep_counts_recoveries_by_kind_and_worker_downtime(
     assert 3595 < count("conveyor_worker_downtime_seconds_sum") - downtime_sum < 3700
 
     # Nothing left to recover: nothing counted.
-    again = await Recovery(pool, transport, Settings()).sweep()
+    again = await Recovery(pool, Settings()).sweep()
     assert again == {"dead": 0, "handed_back": 0, "requeued": 0, "ended": 0}
     assert count("conveyor_recoveries_total", kind="requeued") - before["requeued"] == 1
 
@@ -189,7 +189,7 @@ async def test_schedule_to_start_monitor_counts_scheduled_timeouts(
     move(conn, request(conn), "scheduled", worker)  # recent: not a timeout
 
     before = count("conveyor_execution_timeouts_total", kind="scheduled")
-    result = await Recovery(pool, transport, Settings()).check_scheduled_timeouts()
+    result = await Recovery(pool, Settings()).check_scheduled_timeouts()
     assert result == {"rescheduled": 2, "failed": 0}
     assert count("conveyor_execution_timeouts_total", kind="scheduled") - before == 2
 

@@ -104,7 +104,7 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
         self.writer_pid: int | None = None
         self.grace = 0.0
         self.schedulers: dict[str, Scheduler] = {}
-        self.recovery = Recovery(env.pool, env.transport, SETTINGS)
+        self.recovery = Recovery(env.pool, SETTINGS)
         self.dead_letter_handler = DeadLetterHandler(env.pool, env.transport, SETTINGS, "ex-A")
 
     # -- reading the database -----------------------------------------------------------
@@ -183,7 +183,7 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
         self.grace = grace
         for name in "AB":
             self.schedulers[name] = Scheduler(
-                self.env.pool, self.env.transport, executor_id=f"ex-{name}", batch_size=4,
+                self.env.pool, executor_id=f"ex-{name}", batch_size=4,
                 no_worker_grace=grace, unplaceable_check_interval=0,
             )  # fmt: skip
         self.events = tuple(e for e in EVENTS if e not in quiet)

@@ -18,6 +18,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings, WorkerSettings
+from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.status import ExecutionStatus as S
 from conveyor.executor.recovery import NOT_PICKED_UP, WORKER_LOST, Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.store.db import connect_sync, make_pool
@@ -47,11 +49,11 @@ def settings(**sections: dict[str, Any]) -> Settings:
 
 
 def recovery(pool: Pool, transport: PostgresTransport, **sections: dict[str, Any]) -> Recovery:
-    return Recovery(pool, transport, settings(**sections))
+    return Recovery(pool, settings(**sections))
 
 
 def scheduler(pool: Pool, transport: PostgresTransport) -> Scheduler:
-    return Scheduler(pool, transport, executor_id="ex-test", batch_size=100, no_worker_grace=0,
+    return Scheduler(pool, executor_id="ex-test", batch_size=100, no_worker_grace=0,
                      unplaceable_check_interval=0)  # fmt: skip
 
 
@@ -132,8 +134,8 @@ def finish(conn: Conn, worker: int, eid: int, attempt: int, status: str = "compl
 def release(conn: Conn, worker: int, eid: int, attempt: int) -> list[dict[str, Any]]:
     """What a worker does with an execution it stopped: running -> requested, fenced."""
     decisions = Decisions()
-    decisions.add({"id": eid, "attempt": attempt}, "requested", None, "worker lost")
-    params = decisions.params(worker=worker, outcome="worker_lost", by="worker", from_statuses=["running"])
+    decisions.add({"id": eid, "attempt": attempt}, Decision(S.REQUESTED, None, "worker lost"))
+    params = decisions.params(AttemptEnd.WORKER_LOST, by="worker", from_statuses=(S.RUNNING,), worker=worker)
     return list(conn.execute(Q["resolve_attempts"], params).fetchall())
 
 
@@ -491,8 +493,15 @@ async def test_recovery_does_not_touch_an_execution_that_finished_meanwhile(
     attempt = await start_on(conn, pool, transport, w, eid)
     assert finish(conn, w, eid, attempt) == [eid]
     decisions = Decisions()
-    decisions.add({"id": eid, "attempt": attempt}, "requested", 0.0, WORKER_LOST)
-    params = decisions.params(outcome="worker_lost", by="recovery", from_statuses=["running", "canceling"])
+    decisions.add({"id": eid, "attempt": attempt}, Decision(S.REQUESTED, 0.0, WORKER_LOST))
+    params = decisions.params(
+        AttemptEnd.WORKER_LOST,
+        by="recovery",
+        from_statuses=(
+            S.RUNNING,
+            S.CANCELING,
+        ),
+    )
     assert conn.execute(Q["resolve_attempts"], params).fetchall() == []
     assert row(conn, eid)["status"] == "completed"
     assert [t["outcome"] for t in attempts(conn, eid)] == ["completed"]
@@ -640,8 +649,8 @@ async def test_an_execution_that_started_meanwhile_is_untouched(
 
     # And the guarded write refuses a decision taken on a stale read.
     decisions = Decisions()
-    decisions.add({"id": started["id"], "attempt": 1}, "failed", None, NOT_PICKED_UP)
-    params = decisions.params(outcome="not_picked_up", by="execution_timeout_monitor", from_statuses=["scheduled"])
+    decisions.add({"id": started["id"], "attempt": 1}, Decision(S.FAILED, None, NOT_PICKED_UP))
+    params = decisions.params(AttemptEnd.NOT_PICKED_UP, by="execution_timeout_monitor", from_statuses=(S.SCHEDULED,))
     assert conn.execute(Q["resolve_attempts"], params).fetchall() == []
     assert row(conn, started["id"])["status"] == "running"
 
@@ -706,8 +715,15 @@ async def test_guarded_recovery_writes_win_once_without_the_sweep_lock(
     attempt = await start_on(conn, pool, transport, w, eid)
     kill(conn, w)
     decisions = Decisions()
-    decisions.add({"id": eid, "attempt": attempt}, "requested", 0.0, WORKER_LOST)
-    params = decisions.params(outcome="worker_lost", by="recovery", from_statuses=["running", "canceling"])
+    decisions.add({"id": eid, "attempt": attempt}, Decision(S.REQUESTED, 0.0, WORKER_LOST))
+    params = decisions.params(
+        AttemptEnd.WORKER_LOST,
+        by="recovery",
+        from_statuses=(
+            S.RUNNING,
+            S.CANCELING,
+        ),
+    )
 
     first = await psycopg.AsyncConnection.connect(db_url, options=f"-c search_path={SCHEMA}")
     second = await psycopg.AsyncConnection.connect(db_url, options=f"-c search_path={SCHEMA}")

@@ -28,7 +28,6 @@ def scheduler(
 ) -> Scheduler:
     return Scheduler(
         pool,
-        transport,
         executor_id=executor_id,
         batch_size=batch_size,
         no_worker_grace=no_worker_grace,

@@ -29,6 +29,9 @@ from conveyor.transport.base import Doorbell, Topic, Transport
 
 TIMEOUT = 20.0
 BACKDATE = "UPDATE execution SET scheduled = now() - interval '1 hour' WHERE id = %s"  # past any TTL
+# The database publishes (wake()); tests call it directly only to publish twice or roll back.
+WAKE_COMPLETED = "SELECT wake('completed', %s::bigint[])"
+WAKE_DISPATCHED = "SELECT wake('dispatched', %s::bigint[], %s::bigint[])"
 
 
 class RecordingBell(Doorbell):
@@ -56,6 +59,13 @@ async def until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: st
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"not true after {timeout}s: {what or predicate}")
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def route(transport_kind: str, db_url: str) -> None:
+    """The database publishes for the transport under test (as services declare at start)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT conveyor.set_transport_route(%s)", (transport_kind,))
 
 
 @pytest.fixture
@@ -142,10 +152,10 @@ async def test_published_only_when_committed(settings: Settings, db_url: str, po
         async with pool.connection() as conn:
             with contextlib.suppress(RuntimeError):
                 async with conn.transaction():
-                    await transport.publish(conn, Topic.COMPLETED, execution_ids=[101])
+                    await conn.execute(WAKE_COMPLETED, ([101],))
                     raise RuntimeError("roll back")
             async with conn.transaction():
-                await transport.publish(conn, Topic.COMPLETED, execution_ids=[102])
+                await conn.execute(WAKE_COMPLETED, ([102],))
         await until(lambda: 102 in bell.ids(), what="the committed message")
         # Messages of one publisher arrive in order: the rolled-back one would be first.
         assert 101 not in bell.ids()
@@ -165,10 +175,8 @@ async def test_dispatch_reaches_only_its_worker(
         bell2.rings.clear()  # the wake-up every subscriber gets on connecting
         async with pool.connection() as conn, conn.transaction():
             (first,) = await make_dispatches(conn, w1)
-            await executor_side.publish(conn, Topic.WORKER, worker_ids=[w1], execution_ids=[first])
         async with pool.connection() as conn, conn.transaction():
             (second,) = await make_dispatches(conn, w2)
-            await executor_side.publish(conn, Topic.WORKER, worker_ids=[w2], execution_ids=[second])
         await until(lambda: bell2.rings, what="worker 2 rung")
         await until(lambda: bell1.rings, what="worker 1 rung")
         assert len(bell1.rings) == 1
@@ -186,7 +194,6 @@ async def test_consumer_started_late_is_woken(settings: Settings, db_url: str, p
             await new_transport(settings, db_url, pool, relay=False).reconcile()
         async with pool.connection() as conn, conn.transaction():
             (eid,) = await make_dispatches(conn, worker)
-            await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
         async with pool.connection() as conn:
             await until(
                 lambda: _outbox_empty(conn) if settings.transport == "rabbitmq" else True, what="outbox relayed"
@@ -241,7 +248,6 @@ async def test_a_consumer_that_dies_mid_delivery_leaves_it_to_the_next(
             dying.armed = True
             async with pool.connection() as conn, conn.transaction():
                 (eid,) = await make_dispatches(conn, worker)
-                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
             await until(lambda: len(dying.rings) > 1, what="the first consumer received the dispatch")
         # The first consumer is gone (its connection closed) without acknowledging.
         assert await woken_consumer_claims(settings, db_url, pool, worker, eid) == [eid]
@@ -262,9 +268,8 @@ async def test_duplicate_delivery_is_harmless(settings: Settings, db_url: str, p
     async with running(executor_side), running(worker_side):
         bell.rings.clear()
         async with pool.connection() as conn, conn.transaction():
-            (eid,) = await make_dispatches(conn, worker)
-            for _ in range(2):  # the same dispatch published twice
-                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=[eid])
+            (eid,) = await make_dispatches(conn, worker)  # published once by the database
+            await conn.execute(WAKE_DISPATCHED, ([eid], [worker]))  # and the same dispatch again
         await until(lambda: len(bell.rings) >= (2 if settings.transport == "rabbitmq" else 1), what="both copies")
         async with pool.connection() as conn:
             first = await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10})).fetchall()
@@ -289,7 +294,6 @@ async def test_dispatch_order_is_kept(settings: Settings, db_url: str, pool: Asy
         for _ in range(5):
             async with pool.connection() as conn, conn.transaction():
                 ids = await make_dispatches(conn, worker, 20)
-                await executor_side.publish(conn, Topic.WORKER, worker_ids=[worker], execution_ids=ids)
             made += ids
         if settings.transport == "rabbitmq":
             await until(lambda: len(bell.ids()) >= len(made), what="every dispatch delivered")
@@ -417,7 +421,6 @@ async def dispatch_to(frozen: Frozen, pool: AsyncConnectionPool[Any], *, expired
     past the TTL (RabbitMQ's TTL runs from the publish)."""
     async with pool.connection() as conn, conn.transaction():
         (eid,) = await make_dispatches(conn, frozen.worker)
-        await frozen.transport.publish(conn, Topic.WORKER, worker_ids=[frozen.worker], execution_ids=[eid])
         if expired and frozen.transport.kind == "postgres":
             await conn.execute(BACKDATE, (eid,))
     return eid

@@ -14,6 +14,8 @@ from prometheus_client import REGISTRY
 from conveyor import logs
 from conveyor.actions.core import core
 from conveyor.config import Settings
+from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.status import ExecutionStatus
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.worker import service
 from conveyor.worker.instrument import observe_claims, observe_result
@@ -42,8 +44,9 @@ def test_results_count_durations_by_action_and_outcome_and_execution_timeouts() 
     labels = {"action": "shop.report", "outcome": "timeout"}
     before = count("conveyor_execution_duration_seconds_count", **labels)
     timeouts = count("conveyor_execution_timeouts_total", kind="execution")
-    writer = ResultWriter(pool=None, transport=PostgresTransport("postgresql://unused", "conveyor"), worker="w")  # type: ignore[arg-type]
-    writer.put(Finished(1, 1, "timeout", "timeout", None, {"duration": 3.5}, "timed out", action="shop.report"))
+    writer = ResultWriter(pool=None, worker="w")  # type: ignore[arg-type]
+    decision = Decision(ExecutionStatus.TIMEOUT, None, "timed out")
+    writer.put(Finished(1, 1, AttemptEnd.TIMEOUT, decision, {"duration": 3.5}, "timed out", action="shop.report"))
     assert count("conveyor_execution_duration_seconds_count", **labels) - before == 1
     assert count("conveyor_execution_timeouts_total", kind="execution") - timeouts == 1
     assert writer.pending == {1}
@@ -75,7 +78,7 @@ async def test_worker_execution_log_lines_carry_execution_attempt_and_worker(
     row: dict[str, Any] = {"id": 7, "attempt": 2, "action_ref": "core.echo", "parameters": {"message": "hi"},
                            "runner_type": "python", "metadata": {}}  # fmt: skip
     try:
-        await worker._execute(row)
+        await worker._execute(worker._runs.add(7, 2, {}), row)
     finally:
         worker._threads.shutdown()
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]

@@ -28,7 +28,6 @@ from conveyor.embedded import resolve_url
 from conveyor.replay import Outcome, replay_one
 from conveyor.store.db import Row, connect_sync, make_pool
 from conveyor.store.queries import Q
-from conveyor.transport import make_transport
 
 app = typer.Typer(help="Inspect, replay and purge dead-lettered messages.", no_args_is_help=True)
 
@@ -232,16 +231,15 @@ def show(
 
 async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed: bool) -> list[Outcome]:
     """Each letter in its own transaction: lock it, publish it again through the
-    configured transport (a NOTIFY, or an outbox row for the relay), mark it replayed."""
+    transport in use (a NOTIFY, or an outbox row for the relay), mark it replayed."""
     schema = settings.database.schema_name
     pool = make_pool(url, schema, APPLICATION_NAME, 2)
     await pool.open(wait=True, timeout=10)
     outcomes: list[Outcome] = []
     try:
-        transport = make_transport(settings, url, pool, relay=False, application_name=APPLICATION_NAME)
         for dead_letter_id in ids:
             async with pool.connection() as conn, conn.transaction():
-                outcome = await replay_one(conn, transport, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
+                outcome = await replay_one(conn, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
             _report(outcome)
             outcomes.append(outcome)
     except psycopg.errors.UndefinedTable as exc:

@@ -27,11 +27,14 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.domain.dead_letters import Resolution
+from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
+from conveyor.domain.status import ExecutionStatus
 from conveyor.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport import messages as m
-from conveyor.transport.base import Topic, Transport
+from conveyor.transport.base import Transport
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +78,7 @@ class DeadLetterHandler:
     async def record_unresolved(self, dead_letter: m.DeadLetter) -> None:
         async with self._pool.connection() as conn:
             await conn.execute(Q["record_dead_letter"], self._params(dead_letter))
-        DEAD_LETTERS.labels(dead_letter.reason, "pending").inc()
+        DEAD_LETTERS.labels(dead_letter.reason, Resolution.PENDING).inc()
 
     def _params(self, dl: m.DeadLetter) -> dict[str, Any]:
         payload = dl.payload()
@@ -96,17 +99,17 @@ class DeadLetterHandler:
             "worker": as_int[2], "error": dl.error,
         }  # fmt: skip
 
-    async def _resolve(self, conn: Any, dl: m.DeadLetter) -> tuple[str, str]:
+    async def _resolve(self, conn: Any, dl: m.DeadLetter) -> tuple[Resolution, str]:
         try:
             envelope = dl.envelope()
             if envelope.message_type != m.SCHEDULED:
-                await self._transport.publish(conn, Topic.REQUESTED)
-                return "stale", f"a {envelope.message_type} wake-up; the rows it points at are handled by polling"
+                detail = f"a {envelope.message_type} wake-up; the rows it points at are handled by polling"
+                return Resolution.STALE, detail
             dispatch = m.Dispatch.of(envelope)
         except m.InvalidMessageError as exc:
-            return "invalid", str(exc)
+            return Resolution.INVALID, str(exc)
         if dispatch.attempt >= 2**31 or dispatch.execution_id >= 2**62 or dispatch.worker_id >= 2**62:
-            return "invalid", "execution.scheduled with out-of-range numbers"
+            return Resolution.INVALID, "execution.scheduled with out-of-range numbers"
         row = await (
             await conn.execute(
                 Q["lock_dispatch"],
@@ -115,23 +118,21 @@ class DeadLetterHandler:
             )
         ).fetchone()  # fmt: skip
         if row is None:
-            return "stale", "the execution moved on since this dispatch; left alone"
-        retry = row["missed"] < self._reschedules
+            return Resolution.STALE, "the execution moved on since this dispatch; left alone"
+        decision = after_missed_dispatch(row["missed"], self._reschedules, dispatch_error(dl.reason))
         decisions = Decisions()
-        error = dispatch_error(dl.reason)
-        decisions.add(row, "requested" if retry else "failed", None, error)
+        decisions.add(row, decision)
         params = decisions.params(
-            worker=dispatch.worker_id, outcome="expired", by="dead_letter_handler", from_statuses=["scheduled"]
-        )
+            AttemptEnd.EXPIRED, by="dead_letter_handler", from_statuses=(ExecutionStatus.SCHEDULED,),
+            worker=dispatch.worker_id,
+        )  # fmt: skip
         moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
         if not moved:
-            return "stale", "the execution moved on while being resolved"
-        if retry:
-            await self._transport.publish(conn, Topic.REQUESTED)
-            return "rescheduled", f"execution {dispatch.execution_id} handed back to be placed on another worker"
-        await self._transport.publish(conn, Topic.COMPLETED, execution_ids=[dispatch.execution_id])
-        await self._transport.publish(conn, Topic.CAPACITY)
-        return "failed", f"execution {dispatch.execution_id} failed: {error}"
+            return Resolution.STALE, "the execution moved on while being resolved"
+        if decision.again:
+            detail = f"execution {dispatch.execution_id} handed back to be placed on another worker"
+            return Resolution.RESCHEDULED, detail
+        return Resolution.FAILED, f"execution {dispatch.execution_id} failed: {decision.error}"
 
     # -- executor duties -------------------------------------------------------------
 

@@ -14,22 +14,30 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.domain.outcome import (
+    NOT_PICKED_UP_ERROR,
+    WORKER_LOST_ERROR,
+    AttemptEnd,
+    after_missed_dispatch,
+    after_worker_lost,
+)
 from conveyor.domain.policy import WorkerLostPolicy
+from conveyor.domain.status import ExecutionStatus
 from conveyor.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
-from conveyor.transport.base import Topic, Transport
 
 log = structlog.get_logger(__name__)
+S = ExecutionStatus
 
-WORKER_LOST = "worker lost"
-NOT_PICKED_UP = "Execution timeout: worker did not pick up task within timeout"
+# (Kept importable from here: the attempts' errors, defined with the decisions.)
+WORKER_LOST = WORKER_LOST_ERROR
+NOT_PICKED_UP = NOT_PICKED_UP_ERROR
 
 
 class Recovery:
-    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, settings: Settings) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
         self._pool = pool
-        self._transport = transport
         cfg = settings.recovery
         self._lost_policy = WorkerLostPolicy(
             on_worker_lost=cfg.on_worker_lost,
@@ -51,21 +59,14 @@ class Recovery:
             lost = await (await conn.execute(Q["lost_running"])).fetchall()
             decisions = Decisions()
             for row in lost:
-                if row["status"] == "canceling":
-                    decisions.add(row, "cancelled", None, f"{WORKER_LOST} while cancelling")
-                    continue
-                delay = self._lost_policy.overridden(row["metadata"]).next_delay(row["lost_before"] + 1)
-                decisions.add(row, "abandoned" if delay is None else "requested", delay, WORKER_LOST)
+                was = ExecutionStatus(row["status"])
+                decisions.add(row, after_worker_lost(was, row["lost_before"], self._lost_policy, row["metadata"]))
             moved = []
             if decisions.ids:
-                params = decisions.params(outcome="worker_lost", by="recovery", from_statuses=["running", "canceling"])
+                params = decisions.params(AttemptEnd.WORKER_LOST, by="recovery", from_statuses=(S.RUNNING, S.CANCELING))
                 moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
-            requeued = [m["id"] for m in moved if m["status"] == "requested"]
-            ended = [m["id"] for m in moved if m["status"] != "requested"]
-            if back or requeued:
-                await self._transport.publish(conn, Topic.REQUESTED)
-            if ended:
-                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
+        requeued = [m["id"] for m in moved if m["status"] == S.REQUESTED]
+        ended = [m["id"] for m in moved if m["status"] != S.REQUESTED]
         _count_sweep(dead, back, moved)
         for w in dead:
             age = w["heartbeat_age"]
@@ -100,18 +101,12 @@ class Recovery:
                 return {}
             decisions = Decisions()
             for row in overdue:
-                retry = row["missed"] < self._reschedules
-                decisions.add(row, "requested" if retry else "failed", None, NOT_PICKED_UP)
+                decisions.add(row, after_missed_dispatch(row["missed"], self._reschedules, NOT_PICKED_UP_ERROR))
             params = decisions.params(
-                outcome="not_picked_up", by="execution_timeout_monitor", from_statuses=["scheduled"]
+                AttemptEnd.NOT_PICKED_UP, by="execution_timeout_monitor", from_statuses=(S.SCHEDULED,)
             )
             moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
-            failed = [m["id"] for m in moved if m["status"] == "failed"]
-            # Published only for the rows whose guarded update won.
-            if len(failed) < len(moved):
-                await self._transport.publish(conn, Topic.REQUESTED)
-            if failed:
-                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=failed)
+        failed = [m["id"] for m in moved if m["status"] == S.FAILED]
         EXECUTION_TIMEOUTS.labels("scheduled").inc(len(moved))
         by_id = {row["id"]: row for row in overdue}
         for m in moved:
@@ -125,7 +120,7 @@ def _count_sweep(dead: list[dict[str, Any]], back: list[dict[str, Any]], moved: 
     """Metrics of one sweep: recoveries by kind, and each dead worker's downtime (last
     heartbeat to marked inactive; a worker that never sent one has none)."""
     RECOVERIES.labels("handed_back").inc(len(back))
-    for kind, status in (("requeued", "requested"), ("abandoned", "abandoned"), ("cancelled", "cancelled")):
+    for kind, status in (("requeued", S.REQUESTED), ("abandoned", S.ABANDONED), ("cancelled", S.CANCELLED)):
         RECOVERIES.labels(kind).inc(sum(1 for m in moved if m["status"] == status))
     for w in dead:
         if w["heartbeat_age"] is not None:

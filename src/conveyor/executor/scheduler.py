@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 import structlog
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
-from conveyor.executor.placement import Candidate, Claim, place
+from conveyor.executor.placement import Claim, place
 from conveyor.store.queries import Q
-from conveyor.transport.base import Topic, Transport
+from conveyor.store.rows import ClaimedExecution, LiveWorker
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 NO_WORKERS = "no workers available: no live worker offers action {ref}"
 
@@ -34,7 +36,6 @@ class Scheduler:
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        transport: Transport,
         *,
         executor_id: str,
         batch_size: int,
@@ -42,7 +43,6 @@ class Scheduler:
         unplaceable_check_interval: float = 1.0,
     ) -> None:
         self._pool = pool
-        self._transport = transport
         self._executor_id = executor_id
         self._batch_size = batch_size
         self._grace = no_worker_grace
@@ -63,18 +63,9 @@ class Scheduler:
             for row in rows:
                 problem = self._invalid(row)
                 if problem:
-                    failures[row["id"]] = problem
+                    failures[row.id] = problem
                 else:
-                    claims.append(
-                        Claim(
-                            row["id"],
-                            row["action_ref"],
-                            row["runner_type"],
-                            row["runtime"],
-                            row["age"],
-                            frozenset(row["avoid"]),
-                        )
-                    )
+                    claims.append(row.claim())
             dispatched, failed, released = await self._dispatch(conn, claims, failures)
             if dispatched:
                 failpoints.reach("scheduler.after_dispatch")
@@ -82,26 +73,26 @@ class Scheduler:
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
         return RoundResult(len(rows), dispatched, failed, released)
 
-    async def _claim(self, conn: Any) -> list[dict[str, Any]]:
+    async def _claim(self, conn: Any) -> list[ClaimedExecution]:
         """requested -> scheduling, committed without waiting for the WAL flush."""
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
-            workers = await (await conn.execute(Q["live_workers"])).fetchall()
-            open_ = [w for w in workers if w["accepting"] and w["capacity"] > w["load"]]
-            free = sum(w["capacity"] - w["load"] for w in open_)
+            workers = await _fetch(conn, LiveWorker, Q["live_workers"])
+            open_ = [w for w in workers if w.accepting and w.free > 0]
+            free = sum(w.free for w in open_)
             # Only what a worker with a free slot can run now (so a backlog for a full
             # worker cannot block other actions), at most as many as there are free
             # slots; plus, separately, what no live worker can run at all once past the
             # grace, to fail it.
-            rows: list[dict[str, Any]] = []
+            rows: list[ClaimedExecution] = []
             if free:
                 params = {
                     "limit": min(self._batch_size, free),
                     "executor": self._executor_id,
-                    "refs": sorted({r for w in open_ for r in w["actions"]}),
-                    "runtimes": sorted({r for w in open_ for r in w["runtimes"]}),
+                    "refs": sorted({r for w in open_ for r in w.actions}),
+                    "runtimes": sorted({r for w in open_ for r in w.runtimes}),
                 }
-                rows = await (await conn.execute(Q["claim_requested"], params)).fetchall()
+                rows = await _fetch(conn, ClaimedExecution, Q["claim_requested"], params)
             # That second query scans the whole backlog: run it only every so often.
             if time.monotonic() >= self._next_unplaceable_check:
                 self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
@@ -113,11 +104,8 @@ class Scheduler:
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
             await conn.execute(Q["lock_assignment"])
-            live = await (await conn.execute(Q["live_workers"])).fetchall()
-            candidates = [
-                Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"], w["accepting"]) for w in live
-            ]
-            placement = place(claims, candidates)
+            live = await _fetch(conn, LiveWorker, Q["live_workers"])
+            placement = place(claims, [w.candidate() for w in live])
             by_id = {c.id: c for c in claims}
             release = list(placement.no_capacity)
             for eid in placement.no_worker:
@@ -130,38 +118,33 @@ class Scheduler:
                 ids, worker_ids = zip(*placement.assigned, strict=True)
                 params = {"ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id}
                 assigned = await conn.execute(Q["assign"], params)
-                await self._transport.publish(conn, Topic.WORKER, worker_ids=worker_ids, execution_ids=ids)
             if failures:
                 # A failure is reported to waiters: it must not be undone by a crash.
                 await conn.execute(Q["durable_commit"])
                 params = {"ids": list(failures), "errors": list(failures.values()), "executor": self._executor_id}
                 failed = await conn.execute(Q["fail_claims"], params)
-                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=failures)
             if release:
                 released = await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
         return await _count(assigned), await _count(failed), await _count(released)
 
-    async def _claim_unplaceable(self, conn: Any, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        cursor = await conn.execute(
-            Q["claim_unplaceable"],
-            {
-                "limit": self._batch_size,
-                "executor": self._executor_id,
-                "refs": sorted({r for w in workers for r in w["actions"]}),
-                "runtimes": sorted({r for w in workers for r in w["runtimes"]}),
-                "grace": self._grace,
-            },
-        )
-        return list(await cursor.fetchall())
+    async def _claim_unplaceable(self, conn: Any, workers: list[LiveWorker]) -> list[ClaimedExecution]:
+        params = {
+            "limit": self._batch_size,
+            "executor": self._executor_id,
+            "refs": sorted({r for w in workers for r in w.actions}),
+            "runtimes": sorted({r for w in workers for r in w.runtimes}),
+            "grace": self._grace,
+        }
+        return await _fetch(conn, ClaimedExecution, Q["claim_unplaceable"], params)
 
-    def _invalid(self, row: dict[str, Any]) -> str | None:
-        key = (row["action_ref"], row["action_updated"])
+    def _invalid(self, row: ClaimedExecution) -> str | None:
+        key = (row.action_ref, row.action_updated)
         validator = self._validators.get(key)
         if validator is None:
-            cls = jsonschema.validators.validator_for(row["parameters_schema"])
-            validator = cls(row["parameters_schema"])
+            cls = jsonschema.validators.validator_for(row.parameters_schema)
+            validator = cls(row.parameters_schema)
             self._validators[key] = validator
-        errors = sorted(validator.iter_errors(row["parameters"]), key=lambda e: list(e.path))
+        errors = sorted(validator.iter_errors(row.parameters), key=lambda e: list(e.path))
         if not errors:
             return None
         return "invalid parameters: " + "; ".join(
@@ -171,8 +154,6 @@ class Scheduler:
     async def reclaim_stale(self, older_than: float) -> int:
         async with self._pool.connection() as conn, conn.transaction():
             rows = await (await conn.execute(Q["reclaim_stale_claims"], {"older_than": older_than})).fetchall()
-            if rows:
-                await self._transport.publish(conn, Topic.REQUESTED)
         for row in rows:
             log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], attempt=row["attempt"],
                         executor=row["executor"])  # fmt: skip
@@ -185,13 +166,18 @@ class Scheduler:
             async with conn.transaction():
                 row = await (await conn.execute(Q["admission_repair"])).fetchone()
                 admitted = int(row["admitted"]) if row else 0
-                if admitted:
-                    await self._transport.publish(conn, Topic.REQUESTED)
             async with conn.transaction():
                 await conn.execute(Q["admission_cleanup"])
         if admitted:
             log.warning("admitted waiters the admission triggers had left waiting", admitted=admitted)
         return admitted
+
+
+async def _fetch(conn: Any, cls: type[T], query: str, params: dict[str, Any] | None = None) -> list[T]:
+    """The rows of ``query`` as ``cls`` instances (typed rows on the hot path)."""
+    cursor = conn.cursor(row_factory=class_row(cls))
+    await cursor.execute(query, params)
+    return list(await cursor.fetchall())
 
 
 async def _count(cursor: Any) -> int:

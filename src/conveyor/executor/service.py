@@ -20,6 +20,7 @@ from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
+from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -37,13 +38,12 @@ class ExecutorService:
         cfg = settings.executor
         self._scheduler = Scheduler(
             pool,
-            transport,
             executor_id=self.executor_id,
             batch_size=cfg.batch_size,
             no_worker_grace=cfg.no_worker_grace,
             unplaceable_check_interval=cfg.poll_interval,
         )
-        self._recovery = Recovery(pool, transport, settings)
+        self._recovery = Recovery(pool, settings)
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
             transport.handle_dead_letters(self._dead_letters)
@@ -54,6 +54,7 @@ class ExecutorService:
         )
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
+        self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
 
@@ -144,8 +145,39 @@ class ExecutorService:
                     await duty()
             except psycopg.OperationalError as exc:
                 log.warning("recovery duty failed; database unreachable", duty=duty.__name__, error=str(exc).strip())
+                continue
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
-                log.exception("recovery duty failed; retried at the next tick", duty=duty.__name__)
+                self._duty_failed(duty.__name__)
+                continue
+            self._duty_succeeded(duty.__name__)
+
+    def _duty_failed(self, name: str) -> None:
+        """A bug, not an outage: retried at the next tick, but a duty that keeps failing
+        is reported and fails readiness -- an executor that no longer recovers anything
+        must not look healthy to its orchestrator."""
+        DUTY_FAILURES.labels(name).inc()
+        self._duty_failures[name] = self._duty_failures.get(name, 0) + 1
+        count = self._duty_failures[name]
+        if count >= self.settings.executor.duty_failures_before_unready:
+            DUTY_FAILING.labels(name).set(1)
+            log.exception("executor duty keeps failing; readiness fails until it succeeds", duty=name, failures=count)
+        else:
+            log.exception("executor duty failed; retried at the next tick", duty=name, failures=count)
+
+    def _duty_succeeded(self, name: str) -> None:
+        if self._duty_failures.pop(name, 0) >= self.settings.executor.duty_failures_before_unready:
+            DUTY_FAILING.labels(name).set(0)
+            log.info("executor duty recovered", duty=name)
+
+    @property
+    def failing_duties(self) -> list[str]:
+        """Duties that failed executor.duty_failures_before_unready times in a row."""
+        bound = self.settings.executor.duty_failures_before_unready
+        return sorted(name for name, count in self._duty_failures.items() if count >= bound)
+
+    @property
+    def ready(self) -> bool:
+        return not self.failing_duties
 
     async def _exclusively(self, duty: Callable[[], Awaitable[Any]]) -> None:
         """Run ``duty`` unless another replica is running it now (executor/duties.py)."""

@@ -1,13 +1,18 @@
-"""Turning value types into query parameters."""
+"""Typed rows of the hot path, and value types turned into query parameters."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from conveyor.actions.registry import ActionDefinition
+from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.status import ExecutionStatus
+from conveyor.executor.placement import Candidate, Claim
 
 
 def action_row(definition: ActionDefinition) -> dict[str, Any]:
@@ -28,13 +33,55 @@ class Decisions:
     delays: list[float | None] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def add(self, row: dict[str, Any], status: str, delay: float | None, error: str) -> None:
+    def add(self, row: Mapping[str, Any], decision: Decision) -> None:
         self.ids.append(row["id"])
         self.attempts.append(row["attempt"])
-        self.statuses.append(status)
-        self.delays.append(delay)
-        self.errors.append(error)
+        self.statuses.append(decision.status.value)
+        self.delays.append(decision.delay)
+        self.errors.append(decision.error or "")
 
-    def params(self, worker: int | None = None, **extra: Any) -> dict[str, Any]:
+    def params(
+        self, end: AttemptEnd, *, by: str, from_statuses: Iterable[ExecutionStatus], worker: int | None = None
+    ) -> dict[str, Any]:
         return {"ids": self.ids, "attempts": self.attempts, "statuses": self.statuses,
-                "delays": self.delays, "errors": self.errors, "worker": worker, **extra}  # fmt: skip
+                "delays": self.delays, "errors": self.errors, "worker": worker, "outcome": end.value,
+                "by": by, "from_statuses": [s.value for s in from_statuses]}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedExecution:
+    """A row of ``claim_requested`` / ``claim_unplaceable``: an execution this executor
+    moved to scheduling, with what validation and placement need."""
+
+    id: int
+    action_ref: str
+    parameters: Any
+    runner_type: str
+    runtime: str
+    parameters_schema: dict[str, Any]
+    action_updated: datetime
+    age: float  # seconds since requested (database clock)
+    avoid: list[int]  # workers that let it time out unstarted before
+
+    def claim(self) -> Claim:
+        return Claim(self.id, self.action_ref, self.runner_type, self.runtime, self.age, frozenset(self.avoid))
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A row of ``live_workers``."""
+
+    id: int
+    name: str
+    runtimes: list[str]
+    actions: list[str]
+    capacity: int
+    accepting: bool  # active and not cordoned: may be given work
+    load: int  # executions on it now (scheduled, running, canceling)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.load
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting)

@@ -1,25 +1,29 @@
-"""The transport interface: small on purpose.
+"""The transport interface: small on purpose -- it only delivers wake-ups.
 
 Messages only wake handlers; handlers read rows and act with guarded updates, so a
 lost wake-up costs at most one polling interval and a duplicate changes nothing.
-Publishing happens *inside* the transaction that made the state change (a NOTIFY
-on PostgreSQL, an outbox row for a broker), so a wake-up exists if and only if
-the change committed.
+Nothing in Python publishes: the database does, in the transaction that made the state
+change (triggers on ``execution`` and ``worker`` feed the SQL function ``wake()``, which
+NOTIFYs or writes the outbox for the transport named in ``transport_route``), so a
+wake-up exists if and only if the change committed, whoever made it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from contextlib import suppress
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
+import structlog
 
 if TYPE_CHECKING:
     from conveyor.transport.messages import DeadLetter
+
+
+log = structlog.get_logger(__name__)
 
 
 class Topic(StrEnum):
@@ -91,21 +95,14 @@ class Transport(ABC):
         """Messages waiting in the broker's dead-letter queue, if there is one."""
         return None
 
-    @abstractmethod
-    async def replay(
-        self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
-    ) -> None:
-        """Publish a dead-lettered message again to where it was going (in ``conn``'s transaction)."""
-
-    @abstractmethod
-    async def publish(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        topic: Topic,
-        *,
-        worker_ids: Iterable[int] = (),
-        execution_ids: Iterable[int] = (),
-    ) -> None: ...
+    async def declare_route(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Make the database publish wake-ups for this transport (``transport_route``);
+        executors and workers call it at start."""
+        row = await (await conn.execute("SELECT set_transport_route(%s) AS was", (self.kind,))).fetchone()
+        if row is not None:
+            was = row["was"] if isinstance(row, dict) else row[0]
+            log.info("wake-ups now go through this transport; every process must use it",
+                        transport=self.kind, was=was)  # fmt: skip
 
     @abstractmethod
     def subscribe(self, topic: Topic, worker_id: int | None = None, bell: Doorbell | None = None) -> Doorbell:

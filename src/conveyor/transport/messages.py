@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from conveyor.domain.dead_letters import REASONS as _REASONS
 from conveyor.transport.base import Topic
 
 REQUESTED = "execution.requested"
@@ -22,8 +23,8 @@ CAPACITY = "worker.capacity"
 DOORBELL_KEYS = {Topic.REQUESTED: REQUESTED, Topic.CAPACITY: CAPACITY, Topic.COMPLETED: COMPLETED}
 KNOWN_TYPES = frozenset({REQUESTED, SCHEDULED, COMPLETED, CAPACITY})
 
-# Dead-letter reasons as recorded; RabbitMQ's x-death reasons map onto them.
-REASONS = ("expired", "rejected", "poison", "max_redeliveries")
+# Dead-letter reasons as recorded (domain.dead_letters); RabbitMQ's x-death reasons map onto them.
+REASONS = _REASONS
 _BROKER_REASONS = {
     "expired": "expired",
     "rejected": "rejected",

@@ -1,13 +1,11 @@
-"""The PostgreSQL transport: NOTIFY in the state-changing transaction, LISTEN on one
-dedicated connection per process. Polling by the consumers covers anything missed
-while the listener reconnects."""
+"""The PostgreSQL transport: the database NOTIFYs in the state-changing transaction
+(``wake()``), and each process LISTENs on one dedicated connection. Polling by the
+consumers covers anything missed while the listener reconnects."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import Any
 
 import psycopg
 import structlog
@@ -17,10 +15,6 @@ from conveyor.store.db import conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
-
-# NOTIFY payloads are capped at 8000 bytes; longer id lists are sent without a
-# payload and the waiters re-read their rows.
-_PAYLOAD_LIMIT = 7900
 
 
 class PostgresTransport(Transport):
@@ -38,38 +32,6 @@ class PostgresTransport(Transport):
                 raise ValueError("the worker topic needs a worker id")
             return f"{self._schema}.worker.{worker_id}"
         return f"{self._schema}.{topic.value}"
-
-    async def publish(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        topic: Topic,
-        *,
-        worker_ids: Iterable[int] = (),
-        execution_ids: Iterable[int] = (),
-    ) -> None:
-        if topic is Topic.WORKER:
-            channels = [self.channel(topic, w) for w in sorted(set(worker_ids))]
-            if channels:
-                await conn.execute("SELECT pg_notify(c, '') FROM unnest(%s::text[]) AS c", (channels,))
-            return
-        payload = ",".join(str(i) for i in execution_ids)
-        if len(payload) > _PAYLOAD_LIMIT:
-            payload = ""
-        await conn.execute("SELECT pg_notify(%s, %s)", (self.channel(topic), payload))
-
-    async def replay(
-        self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
-    ) -> None:
-        # The "message" of this transport is the row; replaying rings whoever reads it.
-        if routing_key.startswith("execution.scheduled.worker."):
-            worker = int(routing_key.rsplit(".", 1)[1])
-            await self.publish(conn, Topic.WORKER, worker_ids=[worker])
-        elif routing_key == "execution.completed":
-            await self.publish(conn, Topic.COMPLETED, execution_ids=payload.get("execution_ids", []))
-        elif routing_key == "worker.capacity":
-            await self.publish(conn, Topic.CAPACITY)
-        else:
-            await self.publish(conn, Topic.REQUESTED)
 
     @property
     def has_subscriptions(self) -> bool:

@@ -31,22 +31,18 @@ import asyncio
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 import aio_pika
-import psycopg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.metrics import transport_error
-from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.amqp_in import DeadLetterConsumer, dead_letter_copy
 from conveyor.transport.base import DeadLetterSink, Doorbell, Topic, Transport
@@ -82,39 +78,6 @@ class RabbitMQTransport(Transport):
         self._publish_channel: AbstractChannel | None = None
         self._declared: dict[int, float] = {}  # worker queue -> when this session declared it
 
-    # -- publishing (inside the caller's transaction) --------------------------------
-
-    async def publish(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        topic: Topic,
-        *,
-        worker_ids: Iterable[int] = (),
-        execution_ids: Iterable[int] = (),
-    ) -> None:
-        if topic is Topic.WORKER:
-            ids = sorted(set(execution_ids))
-            if not ids:
-                return
-            await conn.execute(Q["outbox_dispatches"], {"ids": ids})
-        elif topic is Topic.OUTBOX:
-            pass
-        else:
-            ids = list(execution_ids)
-            key = m.DOORBELL_KEYS[topic]
-            payload = {"worker_ids": sorted(set(worker_ids))} if topic is Topic.CAPACITY else {"execution_ids": ids}
-            await conn.execute(Q["outbox_doorbell"], {"routing_key": key, "payload": Jsonb(payload)})
-            if topic is Topic.COMPLETED:
-                await self._pg.publish(conn, Topic.COMPLETED, execution_ids=ids)  # the SDK's waits
-        await self._pg.publish(conn, Topic.OUTBOX)
-
-    async def replay(
-        self, conn: psycopg.AsyncConnection[Any], routing_key: str, message_type: str, payload: dict[str, Any]
-    ) -> None:
-        params = {"routing_key": routing_key, "message_type": message_type, "payload": Jsonb(payload)}
-        await conn.execute(Q["outbox_replay"], params)
-        await self._pg.publish(conn, Topic.OUTBOX)
-
     # -- subscribing -----------------------------------------------------------------
 
     def subscribe(self, topic: Topic, worker_id: int | None = None, bell: Doorbell | None = None) -> Doorbell:
@@ -124,6 +87,8 @@ class RabbitMQTransport(Transport):
                 raise ValueError("the worker topic needs a worker id")
             self._workers.add(worker_id)
             self._bells[m.Names.worker_key(worker_id)].append(bell)
+            # A cancel rings the worker by NOTIFY on both transports (wake('worker')).
+            self._pg.subscribe(Topic.WORKER, worker_id, bell=bell)
         elif topic is Topic.OUTBOX:
             self._pg.subscribe(Topic.OUTBOX, bell=bell)
         else:

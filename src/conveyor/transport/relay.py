@@ -25,7 +25,7 @@ from conveyor.config import Settings
 from conveyor.metrics import OUTBOX_DEPTH, OUTBOX_PUBLISHED, transport_error
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
-from conveyor.transport.base import Doorbell, Topic
+from conveyor.transport.base import Doorbell
 
 if TYPE_CHECKING:
     from conveyor.transport.rabbitmq import RabbitMQTransport
@@ -94,8 +94,6 @@ class OutboxRelay:
         async with self._pool.connection() as conn, conn.transaction():
             requested = await (await conn.execute(Q["reconcile_requested"], params)).fetchone()
             scheduled = await (await conn.execute(Q["reconcile_scheduled"], params)).fetchall()
-            if requested or scheduled:
-                await self._transport.publish(conn, Topic.OUTBOX)
             depth = await (await conn.execute(Q["outbox_depth"])).fetchone()
         OUTBOX_DEPTH.set(depth["depth"] if depth else 0)
         result = {"requested": requested["count"] if requested else 0, "scheduled": len(scheduled)}

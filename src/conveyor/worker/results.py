@@ -16,8 +16,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
+from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.store.queries import Q
-from conveyor.transport.base import Topic, Transport
 from conveyor.worker.instrument import observe_result
 
 log = structlog.get_logger(__name__)
@@ -30,18 +30,16 @@ _BATCH = 500
 class Finished:
     execution_id: int
     attempt: int
-    status: str  # the execution's next status: an outcome, or requested for a retry
-    outcome: str  # how this attempt ended: completed, failed, timeout
-    delay: float | None  # retry backoff in seconds when status is requested
+    end: AttemptEnd  # how this attempt ended: completed, failed, timeout, cancelled
+    decision: Decision  # what the execution does next (domain.outcome)
     result: dict[str, Any]
     error: str | None
     action: str | None = None  # the action's ref, for metrics
 
 
 class ResultWriter:
-    def __init__(self, pool: AsyncConnectionPool[Any], transport: Transport, worker: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], worker: str) -> None:
         self._pool = pool
-        self._transport = transport
         self._worker = worker
         self.worker_id: int | None = None
         self._queue: asyncio.Queue[Finished] = asyncio.Queue()
@@ -51,7 +49,7 @@ class ResultWriter:
     def put(self, finished: Finished) -> None:
         self.pending.add(finished.execution_id)
         self._queue.put_nowait(finished)
-        observe_result(finished.action, finished.outcome, finished.result)
+        observe_result(finished.action, finished.end, finished.result)
 
     async def flushed(self, within: float) -> bool:
         """Wait until everything queued is written; False if that took longer than ``within`` seconds."""
@@ -80,9 +78,9 @@ class ResultWriter:
         params = {
             "ids": ids,
             "attempts": [f.attempt for f in batch],
-            "statuses": [f.status for f in batch],
-            "outcomes": [f.outcome for f in batch],
-            "delays": [f.delay for f in batch],
+            "statuses": [f.decision.status.value for f in batch],
+            "outcomes": [f.end.value for f in batch],
+            "delays": [f.decision.delay for f in batch],
             "results": [Jsonb(f.result) for f in batch],
             "errors": [f.error for f in batch],
         }
@@ -96,10 +94,6 @@ class ResultWriter:
                         if failpoints.armed("worker.before_result_commit"):
                             await cursor.fetchall()  # the update (and its triggers) done, uncommitted
                         failpoints.reach("worker.before_result_commit")
-                        await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ids)
-                        await self._transport.publish(conn, Topic.CAPACITY)
-                        if any(f.status == "requested" for f in batch):
-                            await self._transport.publish(conn, Topic.REQUESTED)
                     written = {r["id"] for r in await cursor.fetchall()}
                 break
             except psycopg.OperationalError as exc:

@@ -16,6 +16,7 @@ import asyncio
 import os
 import re
 import socket
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +31,9 @@ from conveyor.actions.registry import ActionDefinition
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.models import ActionResult
+from conveyor.domain.outcome import AttemptEnd, after_interrupted, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
+from conveyor.domain.status import ExecutionStatus
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -38,6 +41,7 @@ from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
+from conveyor.worker.runs import Run, Runs, RunState
 
 log = structlog.get_logger(__name__)
 
@@ -72,15 +76,13 @@ class WorkerService:
         self._threads = ThreadPoolExecutor(
             max_workers=self.cfg.max_concurrent_tasks, thread_name_prefix="conveyor-action"
         )
-        # execution id -> (attempt, task) for everything this worker runs now.
-        self._running: dict[int, tuple[int, asyncio.Task[None]]] = {}
-        # Executions stopped without a result: id -> (attempt, action metadata), to release
-        # when the database answers.
-        self._to_release: dict[int, tuple[int, dict[str, Any]]] = {}
-        self._results = ResultWriter(pool, transport, self.name)
+        # One record per run, from its claim until its result is handed to the writer or,
+        # stopped without one, it is released (runs.py).
+        self._runs = Runs()
+        self._tasks: asyncio.TaskGroup | None = None  # supervises every task of run()
+        self._results = ResultWriter(pool, self.name)
         # A claim failed with the connection: it may have committed all the same.
         self._claim_in_doubt = False
-        self._cancelling: set[int] = set()  # stopped because a user cancelled them
         self._next_cancel_check = 0.0
         self._bell = Doorbell()
         self._liveness = Liveness(
@@ -118,8 +120,6 @@ class WorkerService:
                 await conn.execute(Q["upsert_action"], action_row(definition))
         worker_id = await self._liveness.start()
         self._results.worker_id = worker_id
-        async with self._pool.connection() as conn:
-            await self._transport.publish(conn, Topic.CAPACITY)
         self._transport.subscribe(Topic.WORKER, worker_id, bell=self._bell)
         self._liveness.accepting.set()
         log.info("worker registered", worker=self.name, worker_id=worker_id, actions=len(self._actions),
@@ -130,6 +130,7 @@ class WorkerService:
         assert self.worker_id is not None, "register() first"
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tasks = tg
                 heartbeat = tg.create_task(self._liveness.run(), name="worker-liveness")
                 writer = tg.create_task(self._results.run(), name="worker-results")
                 await self._claim_loop(stop)
@@ -138,6 +139,7 @@ class WorkerService:
                 writer.cancel()
                 heartbeat.cancel()
         finally:
+            self._tasks = None
             self._threads.shutdown(wait=False, cancel_futures=True)
             await self._liveness.close("inactive")
         log.info("worker stopped", worker=self.name, worker_id=self.worker_id)
@@ -146,10 +148,10 @@ class WorkerService:
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
         poll = self.cfg.poll_interval
-        stop_bell = asyncio.create_task(_ring_on(stop, self._bell))
+        stop_bell = self._spawn(_ring_on(stop, self._bell), "worker-stop-bell")
         try:
             while not stop.is_set():
-                free = self.cfg.max_concurrent_tasks - len(self._running)
+                free = self.cfg.max_concurrent_tasks - len(self._runs.active())
                 claimed = 0
                 if free > 0 and self._liveness.accepting.is_set():
                     try:
@@ -159,7 +161,7 @@ class WorkerService:
                     except psycopg.OperationalError as exc:
                         self._claim_in_doubt = True
                         log.warning("claim failed; database unreachable", error=str(exc).strip())
-                if self._running and asyncio.get_running_loop().time() >= self._next_cancel_check:
+                if self._runs.active() and asyncio.get_running_loop().time() >= self._next_cancel_check:
                     self._next_cancel_check = asyncio.get_running_loop().time() + min(poll, 0.25)
                     try:
                         await self._honour_cancellations()
@@ -180,9 +182,19 @@ class WorkerService:
             ).fetchall()
         observe_claims(rows)
         for row in rows:
-            task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
-            self._running[row["id"]] = (row["attempt"], task)
+            self._start(row)
         return len(rows)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task under run()'s task group: none is left running or loses its exception."""
+        if self._tasks is None:
+            coro.close()
+            raise RuntimeError("the worker is not running")
+        return self._tasks.create_task(coro, name=name)
+
+    def _start(self, row: dict[str, Any]) -> None:
+        run = self._runs.add(row["id"], row["attempt"], row["metadata"] or {})
+        run.task = self._spawn(self._execute(run, row), f"execution-{row['id']}")
 
     async def _honour_cancellations(self) -> None:
         """Executions of this worker whose cancellation was asked (status canceling): stop
@@ -192,30 +204,27 @@ class WorkerService:
             rows = await (await conn.execute(Q["canceling_on_worker"], {"worker": self.worker_id})).fetchall()
         for row in rows:
             eid, attempt = row["id"], row["attempt"]
-            entry = self._running.get(eid)
-            if entry is not None and entry[0] == attempt:
-                if eid not in self._cancelling:
-                    self._cancelling.add(eid)
-                    entry[1].cancel()
-            elif eid not in self._results.pending and eid not in self._to_release:
+            run = self._runs.get(eid, attempt)
+            if run is not None:
+                run.cancel()  # once; a stopped run is released instead
+            elif eid not in self._results.pending:
                 self._results.put(_cancelled(eid, attempt))
 
     async def _start_unknown_claims(self) -> None:
         """After a claim whose commit went unanswered, before any other claim: rows it did
         move to running on this worker would stay there (the worker is alive, so recovery
         leaves them). Nothing ran them: run them now, under the attempt they were claimed for."""
-        known = [*self._running, *self._to_release, *self._results.pending]
+        known = [*self._runs.ids(), *self._results.pending]
         async with self._pool.connection() as conn:
             params = {"worker": self.worker_id, "known": known}
             rows = await (await conn.execute(Q["unknown_claims"], params)).fetchall()
         self._claim_in_doubt = False
         for row in rows:
-            task = asyncio.create_task(self._execute(row), name=f"execution-{row['id']}")
-            self._running[row["id"]] = (row["attempt"], task)
+            self._start(row)
         if rows:
             log.warning("started executions whose claim went unanswered", execution_ids=[r["id"] for r in rows])
 
-    async def _execute(self, row: dict[str, Any]) -> None:
+    async def _execute(self, run: Run, row: dict[str, Any]) -> None:
         eid, attempt, ref = row["id"], row["attempt"], row["action_ref"]
         bound = log.bind(execution_id=eid, attempt=attempt, worker=self.name, action=ref)
         bound.debug("execution started")
@@ -223,27 +232,26 @@ class WorkerService:
             with running(ExecutionContext(eid, attempt, self.name)):  # actions read it with current()
                 result = await self._run_action(row)
         except asyncio.CancelledError:
-            if eid in self._cancelling:  # a user's cancellation, not this worker stopping
-                self._cancelling.discard(eid)
+            if run.state is RunState.CANCELLING:  # a user's cancellation, not this worker stopping
                 bound.info("execution cancelled")
                 self._results.put(_cancelled(eid, attempt))
                 return
-            self._to_release[eid] = (attempt, row["metadata"] or {})
+            run.state = RunState.STOPPED  # kept until released
             bound.warning("execution stopped on this worker")
             raise
+        except Exception as exc:  # supervision: one run's failure must not take the worker (and its runs) down
+            bound.exception("running the action failed inside the worker")
+            error = f"the worker failed running this action: {type(exc).__name__}: {exc}"
+            result = ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
         finally:
-            self._running.pop(eid, None)
-            self._cancelling.discard(eid)  # a cancel that came after the run ended: the finish records it
+            self._runs.finished(run)  # a cancel that came after the run ended: the finish records it
             self._bell.ring()  # a slot is free
-        outcome = "completed" if result.succeeded else ("timeout" if result.timed_out else "failed")
-        delay = None
-        if outcome != "completed":
-            policy = self._retry.overridden((row["metadata"] or {}).get("retry"))
-            delay = policy.next_delay(attempt, outcome)
-        status = outcome if delay is None else "requested"
-        bound.info("execution finished", status=outcome, duration=round(result.duration, 4),
-                   retry_in=round(delay, 3) if delay is not None else None)  # fmt: skip
-        self._results.put(Finished(eid, attempt, status, outcome, delay, result.to_json(), result.error, action=ref))
+        end = AttemptEnd.TIMEOUT if result.timed_out else AttemptEnd.FAILED
+        end = AttemptEnd.COMPLETED if result.succeeded else end
+        decision = after_run(end, attempt, self._retry.overridden((row["metadata"] or {}).get("retry")), result.error)
+        bound.info("execution finished", status=end.value, duration=round(result.duration, 4),
+                   retry_in=round(decision.delay, 3) if decision.delay is not None else None)  # fmt: skip
+        self._results.put(Finished(eid, attempt, end, decision, result.to_json(), result.error, action=ref))
 
     async def _run_action(self, row: dict[str, Any]) -> ActionResult:
         metadata: dict[str, Any] = row["metadata"] or {}
@@ -262,7 +270,7 @@ class WorkerService:
     async def _stop_everything(self, reason: str) -> None:
         """Stop every execution (process groups killed by the runners); each is remembered
         for release. Those already recovered elsewhere are refused by the fence then."""
-        tasks = [task for _, task in self._running.values()]
+        tasks = [run.task for run in self._runs.active() if run.task is not None]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -272,33 +280,33 @@ class WorkerService:
     async def _detach_stopped(self) -> None:
         """After losing its standing: hand the stopped executions to the executors' sweep,
         which applies the lost-worker policy (re-run with backoff, or abandon)."""
-        if not self._to_release:
+        stopped = self._runs.stopped()
+        if not stopped:
             return
-        ids = list(self._to_release)
-        params = {"ids": ids, "attempts": [self._to_release[i][0] for i in ids], "worker": self.worker_id}
+        params = {"ids": [r.execution_id for r in stopped], "attempts": [r.attempt for r in stopped],
+                  "worker": self.worker_id}  # fmt: skip
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(Q["detach_runs"], params)).fetchall()
-        self._to_release.clear()
+        self._runs.released(stopped)
         log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
 
     async def _release_interrupted(self) -> None:
         """At shutdown: running -> requested for what was stopped (outcome interrupted), or
         abandoned for actions that must not run twice; fenced on (worker, attempt)."""
-        if not self._to_release:
+        stopped = self._runs.stopped()
+        if not stopped:
             return
         decisions = Decisions()
-        for eid, (attempt, metadata) in self._to_release.items():
-            abandon = metadata.get("on_worker_lost", self._on_worker_lost) == "abandon"
-            status = "abandoned" if abandon else "requested"
-            decisions.add({"id": eid, "attempt": attempt}, status, None, "worker shut down")
-        params = decisions.params(worker=self.worker_id, outcome="interrupted", by="worker", from_statuses=["running"])
+        for run in stopped:
+            decisions.add({"id": run.execution_id, "attempt": run.attempt},
+                          after_interrupted(run.metadata, self._on_worker_lost))  # fmt: skip
+        params = decisions.params(
+            AttemptEnd.INTERRUPTED, by="worker", from_statuses=(ExecutionStatus.RUNNING,), worker=self.worker_id
+        )
         async with self._pool.connection() as conn, conn.transaction():
             rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
-            await self._transport.publish(conn, Topic.REQUESTED)
-            ended = [r["id"] for r in rows if r["status"] != "requested"]
-            if ended:
-                await self._transport.publish(conn, Topic.COMPLETED, execution_ids=ended)
-        self._to_release.clear()
+        ended = [r["id"] for r in rows if r["status"] != ExecutionStatus.REQUESTED]
+        self._runs.released(stopped)
         log.warning("released interrupted executions", count=len(rows), abandoned=len(ended))
 
     # -- shutdown ---------------------------------------------------------------------
@@ -312,19 +320,17 @@ class WorkerService:
                 await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
                 await conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": "draining"})
                 back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
-                if back:
-                    await self._transport.publish(conn, Topic.REQUESTED)
             if back:
                 log.info("handed back scheduled executions", count=len(back))
         except psycopg.OperationalError as exc:
             log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
-        if self._running:
-            log.info("waiting for running executions", count=len(self._running), timeout=self.cfg.shutdown_timeout)
+        if active := self._runs.active():
+            log.info("waiting for running executions", count=len(active), timeout=self.cfg.shutdown_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.shutdown_timeout
-        while self._running and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
-            fast = asyncio.ensure_future(fast_stop.wait())
-            tasks = [task for _, task in self._running.values()]
+        while self._runs.active() and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
+            fast = self._spawn(_wait_for(fast_stop), "worker-fast-stop")
+            tasks = [run.task for run in self._runs.active() if run.task is not None]
             await asyncio.wait([*tasks, fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             fast.cancel()
         await self._stop_everything("shutdown")
@@ -335,8 +341,13 @@ class WorkerService:
 
 
 def _cancelled(eid: int, attempt: int) -> Finished:
-    result = {"succeeded": False, "error": "cancelled"}
-    return Finished(eid, attempt, "cancelled", "cancelled", None, result, "cancelled")
+    decision = cancelled()
+    result = {"succeeded": False, "error": decision.error}
+    return Finished(eid, attempt, AttemptEnd.CANCELLED, decision, result, decision.error)
+
+
+async def _wait_for(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

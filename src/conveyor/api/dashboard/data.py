@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.status import TERMINAL, ExecutionStatus
 from conveyor.store.queries import Q
-from conveyor.transport.messages import REASONS
 
 STATUSES = [s.value for s in ExecutionStatus]
 FINISHED = {s.value for s in TERMINAL}
-RESOLUTIONS = ("pending", "rescheduled", "failed", "stale", "invalid", "replayed")
 PAGE = 50
 _MAX_ID = 2**62
 

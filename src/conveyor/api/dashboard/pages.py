@@ -16,7 +16,7 @@ from conveyor.api.context import context
 from conveyor.api.dashboard import data
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
-from conveyor.transport.messages import REASONS
+from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 
 router = APIRouter()
 log = structlog.get_logger(__name__)
@@ -149,7 +149,7 @@ def _dead_letters_loader(request: Request) -> Loader:
 
     async def load(conn: Any) -> dict[str, Any]:
         return {**await data.dead_letters(conn, filters), "filters": filters, "reasons": REASONS,
-                "resolutions": data.RESOLUTIONS}  # fmt: skip
+                "resolutions": RESOLUTIONS}  # fmt: skip
 
     return load
 

@@ -10,14 +10,13 @@ from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS
 from conveyor.api.schemas import DeadLetterOut, PurgeOut, ReplayOut
+from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.errors import ConflictError, ConveyorError, NotFoundError
 from conveyor.replay import replay_one
 from conveyor.store.queries import Q
-from conveyor.transport.messages import REASONS
 
 router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
 Ctx = Annotated[ApiContext, Depends(context)]
-RESOLUTIONS = ("pending", "rescheduled", "failed", "stale", "invalid", "replayed")
 Reason = Annotated[str | None, Query(pattern="^(" + "|".join(REASONS) + ")$")]
 Resolution = Annotated[str | None, Query(pattern="^(" + "|".join(RESOLUTIONS) + ")$")]
 Id = Annotated[int | None, Query(ge=1, le=2**62)]
@@ -61,7 +60,7 @@ async def get_dead_letter(dead_letter_id: int, ctx: Ctx, _: Viewer) -> dict[str,
 async def replay(dead_letter_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
     """Publish it again to where it was going (the handlers are guarded: a stale one changes nothing)."""
     async with ctx.pool.connection() as conn, conn.transaction():
-        outcome = await replay_one(conn, ctx.transport, _id(dead_letter_id), by=f"api:{principal.name}",
+        outcome = await replay_one(conn, _id(dead_letter_id), by=f"api:{principal.name}",
                                    skip_replayed=False)  # fmt: skip
     if outcome.error is not None:
         if outcome.error.startswith("no dead letter"):

@@ -15,14 +15,13 @@ from fastapi import APIRouter, Depends, Header, Query, Request, status
 from fastapi.responses import StreamingResponse
 from psycopg.types.json import Jsonb
 
+from conveyor import verbs
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
-from conveyor.domain.errors import ConflictError, ExecutionNotFoundError, UnknownActionError
+from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.status import ExecutionStatus
-from conveyor.sdk import translate_request_error, validate_parameters
 from conveyor.store.queries import Q
-from conveyor.transport.base import Topic
 
 log = structlog.get_logger(__name__)
 router = APIRouter(prefix="/executions", tags=["executions"])
@@ -43,17 +42,14 @@ async def request_execution(conn: Any, ref: str, parameters: dict[str, Any]) -> 
     action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
     if action is None:
         raise UnknownActionError(ref)
-    validate_parameters(ref, action["parameters_schema"], parameters)
-    try:
+    verbs.validate_parameters(ref, action["parameters_schema"], parameters)
+    # A savepoint: a refusal by the database's own checks (CVA01/CVA02) leaves the
+    # connection usable.
+    with verbs.refusals(action_ref=ref):
         async with conn.transaction():
             row = await (
                 await conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters)))
             ).fetchone()
-    except psycopg.Error as exc:  # the database's own checks (CVA01/CVA02) as the SDK reports them
-        translated = translate_request_error(exc, ref)
-        if translated is exc:
-            raise
-        raise translated from None
     return int(row["id"])
 
 
@@ -199,18 +195,9 @@ async def cancel(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, 
     """Not started yet: ``cancelled`` at once. Running: ``canceling``, then ``cancelled`` once
     its worker stopped it (process group killed). Finished: 409."""
     eid = _valid_id(execution_id)
-    async with ctx.pool.connection() as conn, conn.transaction():
+    async with ctx.pool.connection() as conn:
         row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
-        if row is None:
-            raise ExecutionNotFoundError(eid)
-        if row["now"] is None:
-            raise ConflictError(f"execution {eid} is {row['was']}: nothing to cancel")
-        if row["now"] == "canceling" and row["worker"] is not None:
-            await ctx.transport.publish(conn, Topic.WORKER, worker_ids=[row["worker"]])
-        else:
-            await ctx.transport.publish(conn, Topic.COMPLETED, execution_ids=[eid])
-            await ctx.transport.publish(conn, Topic.CAPACITY)
-    return {"id": eid, "status": row["now"]}
+    return {"id": eid, "status": verbs.cancelled(eid, row)}
 
 
 @router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,

@@ -7,12 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from conveyor import verbs
 from conveyor.api.auth import Admin, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut, PolicyDeleted, PolicyIn, PolicyOut
 from conveyor.domain.errors import InvalidPolicyError
-from conveyor.sdk import deletion_refused, policy_not_found, policy_spec, valid_policy_target
 from conveyor.store.queries import Q
 
 router = APIRouter(prefix="/policies", tags=["policies"])
@@ -25,11 +25,9 @@ WITH_CONFLICT: dict[int | str, dict[str, Any]] = {
 
 async def _policy(conn: Any, target: str) -> dict[str, Any]:
     row = None
-    if valid_policy_target(target):  # an impossible target names nothing: 404, like an unknown one
+    if verbs.valid_policy_target(target):  # an impossible target names nothing: 404, like an unknown one
         row = await (await conn.execute(Q["get_policy"], {"target": target})).fetchone()
-    if row is None:
-        raise policy_not_found(target)
-    return dict(row)
+    return verbs.policy_found(target, row)
 
 
 @router.get("", response_model=list[PolicyOut], responses=ERRORS)
@@ -51,7 +49,7 @@ async def set_policy(target: str, body: PolicyIn, ctx: Ctx, _: Admin) -> dict[st
     pack or ``*``. It wins over the action's own ``policy=`` and over less specific targets
     (action > pack > global). Waiters a higher limit allows are admitted at once."""
     try:
-        spec = policy_spec(target, body.concurrency, body.parameters, body.method)
+        spec = verbs.policy_spec(target, body.concurrency, body.parameters, body.method)
     except InvalidPolicyError as exc:
         raise HTTPException(422, str(exc)) from None  # as a body that fails validation
     async with ctx.pool.connection() as conn, conn.transaction():
@@ -64,16 +62,11 @@ async def delete_policy(target: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Delete it; whoever it kept waiting may be scheduled. Deleting an override of an
     action's own policy puts that one back (``restored``); deleting the policy an action's
     definition declares is refused (409): override it instead."""
+    if not verbs.valid_policy_target(target):
+        raise verbs.policy_not_found(target)
     async with ctx.pool.connection() as conn, conn.transaction():
-        current = await _policy(conn, target)
-        defined = await (await conn.execute(Q["policy_in_definition"], {"target": target})).fetchone() is not None
-        refusal = deletion_refused(current, defined)
-        if refusal is not None:
-            raise refusal
-        deleted = await (await conn.execute(Q["delete_policy"], {"target": target})).fetchone()
-        if deleted is None:  # deleted meanwhile by someone else
-            raise policy_not_found(target)
-        restored = None
-        if defined and await (await conn.execute(Q["restore_definition_policy"], {"target": target})).fetchone():
-            restored = await _policy(conn, target)
+        with verbs.refusals(target=target):
+            deleted = await (await conn.execute(Q["delete_policy"], {"target": target})).fetchone()
+        assert deleted is not None  # the function returns a row or raises
+        restored = await _policy(conn, target) if deleted["restored"] else None
     return {**deleted, "restored": restored}

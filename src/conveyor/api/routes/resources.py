@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, status
 
+from conveyor import verbs
 from conveyor.api.auth import Admin, Role, Viewer, create_token
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ActionOut, TokenCreate, TokenCreated, TokenOut, WorkerChange, WorkerOut
 from conveyor.domain.errors import NotFoundError
 from conveyor.store.queries import Q
-from conveyor.transport.base import Topic
 
 router = APIRouter()
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -41,13 +41,9 @@ async def list_workers(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
 
 
 async def _cordon(ctx: ApiContext, name: str, cordoned: bool) -> dict[str, Any]:
-    async with ctx.pool.connection() as conn, conn.transaction():
-        row = await (await conn.execute(Q["set_cordon"], {"name": name, "cordoned": cordoned})).fetchone()
-        if row is None:
-            raise NotFoundError(f"no worker named {name!r}")
-        if not cordoned:
-            await ctx.transport.publish(conn, Topic.CAPACITY)  # it may take work again
-    return {"name": name, "status": row["status"], "cordoned": cordoned}
+    async with ctx.pool.connection() as conn:
+        row = await (await conn.execute(Q["cordon_worker"], {"name": name, "cordoned": cordoned})).fetchone()
+    return verbs.worker_changed(name, row)
 
 
 @router.post("/workers/{name}/cordon", response_model=WorkerChange, responses=ERRORS, tags=["workers"])
@@ -64,15 +60,9 @@ async def uncordon(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
 @router.post("/workers/{name}/drain", response_model=WorkerChange, responses=ERRORS, tags=["workers"])
 async def drain(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Cordon it and hand its not-yet-started work to other workers."""
-    async with ctx.pool.connection() as conn, conn.transaction():
-        row = await (await conn.execute(Q["set_cordon"], {"name": name, "cordoned": True})).fetchone()
-        if row is None:
-            raise NotFoundError(f"no worker named {name!r}")
-        await conn.execute(Q["lock_assignment"])  # no dispatch to it can slip in after this
-        back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": row["id"]})).fetchall()
-        if back:
-            await ctx.transport.publish(conn, Topic.REQUESTED)
-    return {"name": name, "status": row["status"], "cordoned": True, "handed_back": len(back)}
+    async with ctx.pool.connection() as conn:
+        row = await (await conn.execute(Q["drain_worker"], {"name": name})).fetchone()
+    return verbs.worker_changed(name, row)
 
 
 @router.get("/tokens", response_model=list[TokenOut], responses=ERRORS, tags=["tokens"])

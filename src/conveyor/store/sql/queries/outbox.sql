@@ -1,25 +1,6 @@
--- name: outbox_doorbell
--- One wake-up message (requested, capacity, completed) carrying the ids it concerns.
-INSERT INTO outbox (exchange, routing_key, message_type, payload)
-VALUES ('executions', %(routing_key)s, %(routing_key)s, %(payload)s);
-
--- name: outbox_dispatches
--- One execution.scheduled message per dispatch, built from the rows this very
--- transaction placed: the (execution, attempt, worker, scheduled) it names is what
--- the dead-letter handler checks before touching the execution.
-INSERT INTO outbox (exchange, routing_key, message_type, payload, execution)
-SELECT 'executions', 'execution.scheduled.worker.' || e.worker, 'execution.scheduled',
-       jsonb_build_object('execution_id', e.id, 'attempt', e.attempt, 'worker_id', e.worker,
-                          'scheduled', e.scheduled),
-       e.id
-FROM execution e
-WHERE e.id = ANY(%(ids)s::bigint[]) AND e.status = 'scheduled'
-ORDER BY e.id;
-
--- name: outbox_replay
--- A dead-lettered message published again as it was (conveyor dead-letters replay).
-INSERT INTO outbox (exchange, routing_key, message_type, payload)
-VALUES ('executions', %(routing_key)s, %(message_type)s, %(payload)s);
+-- name: replay_message
+-- The SQL function of migration 0009: an outbox row on RabbitMQ, a wake-up on PostgreSQL.
+SELECT replay_message(%(routing_key)s, %(message_type)s, %(payload)s) AS transport;
 
 -- name: outbox_claim
 -- The oldest unpublished messages, skipping rows another relay is publishing.

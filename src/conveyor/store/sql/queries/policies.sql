@@ -15,20 +15,13 @@ FROM admission_policy p
 WHERE p.target = %(target)s;
 
 -- name: set_policy
--- Create or replace an operator policy (it then wins over the action's metadata). The
--- trigger on admission_policy admits whoever a higher limit now allows.
-INSERT INTO admission_policy AS p (target, concurrency, parameters, method, source)
-VALUES (%(target)s, %(concurrency)s, %(parameters)s, %(method)s, 'operator')
-ON CONFLICT (target) DO UPDATE
-SET concurrency = EXCLUDED.concurrency, parameters = EXCLUDED.parameters,
-    method = EXCLUDED.method, source = 'operator'
-RETURNING p.target;
+-- Create or replace an operator policy (it then wins over the action's metadata): the
+-- SQL function of migration 0009.
+SELECT target FROM set_admission_policy(%(target)s, %(concurrency)s, %(parameters)s, %(method)s);
 
 -- name: delete_policy
--- Its slots and waiting lines go with it (cascade); the waiters become schedulable.
-DELETE FROM admission_policy WHERE target = %(target)s
-RETURNING target, source,
-          (SELECT count(*) FROM execution_admission_queue q WHERE q.policy = target)::int AS released;
+-- The SQL function of migration 0009 (CVN03: none; CVC02: from the action's definition).
+SELECT target, source, released, restored FROM delete_admission_policy(%(target)s);
 
 -- name: admission_of
 -- Where one execution stands in admission: holding a slot, or waiting (with how many
@@ -65,19 +58,6 @@ SELECT coalesce(sum(n), 0)::int AS admitted FROM (
         ORDER BY q.policy, q.group_key
     ) g
 ) promoted;
-
--- name: policy_in_definition
--- The policy an action's own definition declares (metadata.policy), if any: the one that
--- governs it again once an operator's override is deleted.
-SELECT metadata -> 'policy' AS spec FROM action
-WHERE ref = %(target)s AND jsonb_typeof(metadata -> 'policy') = 'object';
-
--- name: restore_definition_policy
--- Re-apply an action's own policy (after its operator override was deleted): assigning
--- metadata fires admission_policy_from_metadata, which inserts it with source 'metadata'.
-UPDATE action SET metadata = metadata
-WHERE ref = %(target)s AND jsonb_typeof(metadata -> 'policy') = 'object'
-RETURNING ref;
 
 -- name: admission_cleanup
 -- Forget groups idle for an hour (no slot, nobody waiting): one row per distinct value

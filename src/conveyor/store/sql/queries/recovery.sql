@@ -45,25 +45,8 @@ RETURNING w.id, w.name,
                    AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid), false) AS lock_lost;
 
 -- name: hand_back_scheduled
--- scheduled work that will not start where it is -- on one worker (%(worker)s: its
--- shutdown or a drain) or, with NULL, on any worker that is gone -- goes back to
--- requested. Not an attempt: the dispatch never started, so its attempt number and
--- row are withdrawn. Returns the withdrawn attempt and the worker's name (for logs).
-WITH back AS (
-    SELECT e.id, e.attempt, e.worker, w.name AS worker_name FROM execution e LEFT JOIN worker w ON w.id = e.worker
-    WHERE e.status = 'scheduled'
-      AND (e.worker = %(worker)s::bigint OR (%(worker)s::bigint IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
-    ORDER BY e.id
-    FOR UPDATE OF e SKIP LOCKED
-), withdrawn AS (
-    DELETE FROM execution_attempt t USING back WHERE t.execution = back.id AND t.attempt = back.attempt
-)
-UPDATE execution e
-SET status = 'requested', worker = NULL, executor = NULL, attempt = e.attempt - 1,
-    scheduled = NULL, started = NULL
-FROM back
-WHERE e.id = back.id AND e.status = 'scheduled' AND e.attempt = back.attempt
-RETURNING e.id, back.worker, back.attempt, back.worker_name;
+-- The SQL function of migration 0009 (on one worker, or with NULL on any gone worker).
+SELECT id, worker, attempt, worker_name FROM hand_back_scheduled(%(worker)s::bigint);
 
 -- name: lost_running
 -- Executions running (or being cancelled) on a worker that is gone, with what the
@@ -122,7 +105,8 @@ WHERE e.status = 'scheduled'
 ORDER BY e.id
 FOR UPDATE OF e SKIP LOCKED;
 
--- name: set_cordon
--- Cordon (true) or uncordon (false) a worker by name; a cordoned worker keeps what it
--- runs but is given nothing new.
-UPDATE worker SET cordoned = %(cordoned)s WHERE name = %(name)s RETURNING id, status;
+-- name: cordon_worker
+SELECT id, name, status, cordoned FROM cordon_worker(%(name)s, %(cordoned)s);
+
+-- name: drain_worker
+SELECT id, name, status, cordoned, handed_back FROM drain_worker(%(name)s);

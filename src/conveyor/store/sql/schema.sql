@@ -1,0 +1,1081 @@
+-- The schema the migrations produce (conveyor.store.snapshot; checked by a test).
+-- Do not edit: add a migration, then regenerate this file.
+
+CREATE SCHEMA conveyor;
+
+CREATE FUNCTION conveyor.acquire_worker_lock(worker_id bigint) RETURNS boolean
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT pg_try_advisory_lock(worker_lock_class(), worker_id::integer)
+$$;
+
+CREATE FUNCTION conveyor.admission_group_key(parameters text[], params jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(jsonb_object_agg(p, coalesce(params -> p, 'null'::jsonb)), '{}'::jsonb)
+    FROM unnest(parameters) AS p
+$$;
+
+CREATE FUNCTION conveyor.admission_lock(p_policy text, p_group jsonb) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    INSERT INTO execution_admission_group (policy, group_key) VALUES (p_policy, p_group)
+    ON CONFLICT (policy, group_key) DO UPDATE SET touched = now()
+$$;
+
+CREATE FUNCTION conveyor.admission_on_change() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    ended_ids bigint[];
+    g record;
+    freed jsonb;
+    admitted integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM execution_admission_slot)
+       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(a.id) INTO ended_ids
+    FROM after_rows a JOIN before_rows b USING (id)
+    WHERE a.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
+      AND b.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned');
+    IF ended_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+    FOR g IN SELECT DISTINCT policy, group_key FROM (
+                 SELECT policy, group_key FROM execution_admission_slot WHERE execution = ANY(ended_ids)
+                 UNION ALL
+                 SELECT policy, group_key FROM execution_admission_queue WHERE execution = ANY(ended_ids)
+             ) held ORDER BY policy, group_key LOOP
+        PERFORM admission_lock(g.policy, g.group_key);
+    END LOOP;
+    DELETE FROM execution_admission_queue WHERE execution = ANY(ended_ids);
+    WITH gone AS (
+        DELETE FROM execution_admission_slot WHERE execution = ANY(ended_ids)
+        RETURNING policy, group_key
+    )
+    SELECT jsonb_agg(DISTINCT jsonb_build_array(policy, group_key)) INTO freed FROM gone;
+    IF freed IS NULL THEN
+        RETURN NULL;
+    END IF;
+    FOR g IN SELECT value ->> 0 AS policy, value -> 1 AS group_key
+             FROM jsonb_array_elements(freed) ORDER BY 1, 2 LOOP
+        PERFORM admission_lock(g.policy, g.group_key);  -- held already (above): no wait
+        admitted := admitted + admission_promote(g.policy, g.group_key);
+    END LOOP;
+    IF admitted > 0 THEN
+        PERFORM wake('requested');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.admission_on_request() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    r record;
+    seq_no bigint;
+    held integer;
+    enqueued jsonb := '[]';
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM admission_policy) THEN
+        RETURN NULL;
+    END IF;
+    -- Group locks first, in key order (see execution_admission_group).
+    FOR r IN SELECT DISTINCT p.target AS policy, admission_group_key(p.parameters, i.parameters) AS group_key
+             FROM inserted i CROSS JOIN LATERAL admission_policy_for(i.action_ref) p
+             ORDER BY 1, 2 LOOP
+        PERFORM admission_lock(r.policy, r.group_key);
+    END LOOP;
+    FOR r IN SELECT i.id, p.target AS policy, p.method, p.concurrency, p.parameters,
+                    admission_group_key(p.parameters, i.parameters) AS group_key
+             FROM inserted i CROSS JOIN LATERAL admission_policy_for(i.action_ref) p
+             ORDER BY i.id LOOP
+        UPDATE execution_admission_group SET next_seq = next_seq + 1
+        WHERE policy = r.policy AND group_key = r.group_key
+        RETURNING next_seq INTO seq_no;
+        IF r.method = 'enqueue' THEN
+            INSERT INTO execution_admission_queue (execution, policy, group_key, seq)
+            VALUES (r.id, r.policy, r.group_key, seq_no);
+            enqueued := enqueued || jsonb_build_array(jsonb_build_array(r.policy, r.group_key));
+        ELSE
+            SELECT count(*) INTO held FROM execution_admission_slot
+            WHERE policy = r.policy AND group_key = r.group_key;
+            IF held < r.concurrency THEN
+                INSERT INTO execution_admission_slot (execution, policy, group_key, seq)
+                VALUES (r.id, r.policy, r.group_key, seq_no);
+            ELSE
+                UPDATE execution SET status = 'cancelled', ended = now(),
+                    result = jsonb_build_object(
+                        'succeeded', false, 'cancelled_by', 'admission', 'policy', r.policy,
+                        'error', format('concurrency limit reached: policy %s allows %s at once%s',
+                                        r.policy, r.concurrency,
+                                        CASE WHEN cardinality(r.parameters) > 0
+                                             THEN ' per ' || r.group_key::text ELSE '' END))
+                WHERE id = r.id;
+            END IF;
+        END IF;
+    END LOOP;
+    FOR r IN SELECT DISTINCT value ->> 0 AS policy, value -> 1 AS group_key
+             FROM jsonb_array_elements(enqueued) ORDER BY 1, 2 LOOP
+        PERFORM admission_promote(r.policy, r.group_key);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.admission_policy_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    g record;
+    admitted integer := 0;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM wake('requested');
+        RETURN NULL;
+    END IF;
+    FOR g IN SELECT policy, group_key FROM execution_admission_group
+             WHERE policy = NEW.target ORDER BY policy, group_key LOOP
+        PERFORM admission_lock(g.policy, g.group_key);
+        admitted := admitted + admission_promote(g.policy, g.group_key);
+    END LOOP;
+    IF admitted > 0 THEN
+        PERFORM wake('requested');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TABLE conveyor.admission_policy (
+    target text NOT NULL,
+    scope text GENERATED ALWAYS AS (
+CASE
+    WHEN (target = '*'::text) THEN 'global'::text
+    WHEN (strpos(target, '.'::text) > 0) THEN 'action'::text
+    ELSE 'pack'::text
+END) STORED NOT NULL,
+    concurrency integer NOT NULL,
+    parameters text[] DEFAULT '{}'::text[] NOT NULL,
+    method text DEFAULT 'enqueue'::text NOT NULL,
+    source text DEFAULT 'operator'::text NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT admission_policy_concurrency_check CHECK ((concurrency > 0)),
+    CONSTRAINT admission_policy_method_check CHECK ((method = ANY (ARRAY['enqueue'::text, 'cancel'::text]))),
+    CONSTRAINT admission_policy_parameters_check CHECK ((array_position(parameters, NULL::text) IS NULL)),
+    CONSTRAINT admission_policy_source_check CHECK ((source = ANY (ARRAY['metadata'::text, 'operator'::text]))),
+    CONSTRAINT admission_policy_target_check CHECK (((target = '*'::text) OR (target ~ '^[A-Za-z0-9_-]+$'::text) OR (target ~ '^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$'::text)))
+);
+
+CREATE FUNCTION conveyor.admission_policy_for(ref text) RETURNS SETOF conveyor.admission_policy
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT p.* FROM admission_policy p
+    WHERE p.target IN (ref, split_part(ref, '.', 1), '*')
+    ORDER BY CASE p.scope WHEN 'action' THEN 0 WHEN 'pack' THEN 1 ELSE 2 END
+    LIMIT 1
+$$;
+
+CREATE FUNCTION conveyor.admission_policy_from_metadata() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    spec jsonb := NEW.metadata -> 'policy';
+BEGIN
+    IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
+        DELETE FROM admission_policy WHERE target = NEW.ref AND source = 'metadata';
+        RETURN NULL;
+    END IF;
+    INSERT INTO admission_policy AS p (target, concurrency, parameters, method, source)
+    VALUES (NEW.ref, (spec ->> 'concurrency')::integer,
+            ARRAY(SELECT jsonb_array_elements_text(coalesce(spec -> 'parameters', '[]'))),
+            coalesce(spec ->> 'method', 'enqueue'), 'metadata')
+    ON CONFLICT (target) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, parameters = EXCLUDED.parameters, method = EXCLUDED.method
+    WHERE p.source = 'metadata'
+      AND (p.concurrency, p.parameters, p.method)
+          IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.parameters, EXCLUDED.method);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.admission_promote(p_policy text, p_group jsonb) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    lim integer;
+    held integer;
+    n integer;
+BEGIN
+    SELECT concurrency INTO lim FROM admission_policy WHERE target = p_policy;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT count(*) INTO held FROM execution_admission_slot WHERE policy = p_policy AND group_key = p_group;
+    IF held >= lim THEN
+        RETURN 0;
+    END IF;
+    WITH heads AS (
+        DELETE FROM execution_admission_queue q
+        WHERE q.execution IN (
+            SELECT execution FROM execution_admission_queue
+            WHERE policy = p_policy AND group_key = p_group
+            ORDER BY seq LIMIT lim - held)
+        RETURNING q.execution, q.policy, q.group_key, q.seq
+    )
+    INSERT INTO execution_admission_slot (execution, policy, group_key, seq)
+    SELECT execution, policy, group_key, seq FROM heads;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION conveyor.cancel_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text, worker bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- NO KEY UPDATE: see 0008 (a promotion's key-share lock on this row).
+    PERFORM 1 FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH target AS (
+        SELECT e.id, e.status, e.worker, e.attempt FROM execution e WHERE e.id = p_id
+    ), moved AS (
+        UPDATE execution e
+        SET status = CASE WHEN target.status = 'running' THEN 'canceling' ELSE 'cancelled' END,
+            ended = CASE WHEN target.status = 'running' THEN NULL ELSE now() END,
+            not_before = NULL,
+            cancelled_by = p_by,
+            result = CASE WHEN target.status = 'running' THEN e.result
+                          ELSE jsonb_build_object('succeeded', false, 'error', 'cancelled by ' || p_by,
+                                                  'failed_by', 'api') END
+        FROM target
+        WHERE e.id = target.id AND target.status IN ('requested', 'scheduling', 'scheduled', 'running')
+        RETURNING e.id, e.status, e.worker, e.attempt, target.status AS was
+    ), closed AS (
+        UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled', error = 'cancelled by ' || p_by
+        FROM moved WHERE moved.was = 'scheduled' AND t.execution = moved.id AND t.attempt = moved.attempt
+    )
+    SELECT target.id, target.status,
+           coalesce(moved.status, CASE WHEN target.status = 'canceling' THEN 'canceling' END),
+           coalesce(moved.worker, target.worker)
+    FROM target LEFT JOIN moved ON moved.id = target.id;
+END
+$$;
+
+CREATE FUNCTION conveyor.cordon_worker(p_name text, p_cordoned boolean) RETURNS TABLE(id bigint, name text, status text, cordoned boolean)
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    UPDATE worker w SET cordoned = p_cordoned WHERE w.name = p_name
+    RETURNING w.id, w.name, w.status, w.cordoned
+$$;
+
+CREATE FUNCTION conveyor.delete_admission_policy(p_target text) RETURNS TABLE(target text, source text, released integer, restored boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    current admission_policy;
+    defined boolean;
+    n integer;
+BEGIN
+    SELECT * INTO current FROM admission_policy p WHERE p.target = p_target FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no admission policy for %', quote_literal(p_target)
+            USING ERRCODE = 'CVN03', HINT = 'see `conveyor policies list`';
+    END IF;
+    defined := EXISTS (SELECT 1 FROM action a
+                       WHERE a.ref = p_target AND jsonb_typeof(a.metadata -> 'policy') = 'object');
+    IF current.source = 'metadata' AND defined THEN
+        RAISE EXCEPTION 'the policy for % comes from the action''s definition (policy=...): change the '
+                        'definition, or override it with `conveyor policies set % --concurrency N`',
+                        p_target, p_target
+            USING ERRCODE = 'CVC02';
+    END IF;
+    SELECT count(*) INTO n FROM execution_admission_queue q WHERE q.policy = p_target;
+    DELETE FROM admission_policy p WHERE p.target = p_target;
+    IF defined THEN
+        -- Assigning metadata fires admission_policy_from_metadata, which re-inserts it.
+        UPDATE action a SET metadata = a.metadata WHERE a.ref = p_target;
+    END IF;
+    RETURN QUERY SELECT current.target, current.source, n, defined;
+END
+$$;
+
+CREATE FUNCTION conveyor.drain_worker(p_name text) RETURNS TABLE(id bigint, name text, status text, cordoned boolean, handed_back integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    w record;
+    n integer;
+BEGIN
+    SELECT * INTO w FROM cordon_worker(p_name, true);
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0));
+    SELECT count(*) INTO n FROM hand_back_scheduled(w.id);
+    RETURN QUERY SELECT w.id, w.name, w.status, w.cordoned, n;
+END
+$$;
+
+CREATE FUNCTION conveyor.execution_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status <> 'requested' THEN
+            RAISE EXCEPTION 'an execution starts in requested, not %', NEW.status
+                USING ERRCODE = 'check_violation';
+        END IF;
+        NEW.created := now();
+    ELSIF NEW.status IS DISTINCT FROM OLD.status AND NOT EXISTS (
+        SELECT 1 FROM execution_transition t
+        WHERE t.from_status = OLD.status AND t.to_status = NEW.status
+    ) THEN
+        RAISE EXCEPTION 'illegal execution transition % -> % (execution %)', OLD.status, NEW.status, OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    NEW.updated := now();
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION conveyor.execution_wake_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    requested boolean;
+    ended bigint[];
+    freed bigint[];
+    placed bigint[];
+    placed_on bigint[];
+    cancelling bigint[];
+BEGIN
+    SELECT coalesce(bool_or(a.status = 'requested' AND b.status <> 'requested'), false),
+           array_agg(a.id ORDER BY a.id) FILTER (
+               WHERE a.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
+                 AND b.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')),
+           array_agg(DISTINCT b.worker) FILTER (
+               WHERE b.worker IS NOT NULL AND b.status IN ('scheduled', 'running', 'canceling')
+                 AND (a.status NOT IN ('scheduled', 'running', 'canceling') OR a.worker IS DISTINCT FROM b.worker)),
+           array_agg(a.id ORDER BY a.id) FILTER (
+               WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
+                 AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
+           array_agg(DISTINCT a.worker) FILTER (
+               WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
+                 AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
+           array_agg(DISTINCT a.worker) FILTER (
+               WHERE a.status = 'canceling' AND b.status <> 'canceling' AND a.worker IS NOT NULL)
+    INTO requested, ended, freed, placed, placed_on, cancelling
+    FROM after_rows a JOIN before_rows b USING (id);
+    IF requested THEN
+        PERFORM wake('requested');
+    END IF;
+    IF placed IS NOT NULL THEN
+        PERFORM wake('dispatched', placed, placed_on);
+    END IF;
+    IF ended IS NOT NULL THEN
+        PERFORM wake('completed', ended);
+    END IF;
+    IF freed IS NOT NULL THEN
+        PERFORM wake('capacity', '{}', freed);
+    END IF;
+    IF cancelling IS NOT NULL THEN
+        PERFORM wake('worker', '{}', cancelling);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.execution_wake_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inserted WHERE status = 'requested') THEN
+        PERFORM wake('requested');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.hand_back_scheduled(p_worker bigint) RETURNS TABLE(id bigint, worker bigint, attempt integer, worker_name text)
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    WITH back AS (
+        SELECT e.id, e.attempt, e.worker, w.name AS worker_name
+        FROM execution e LEFT JOIN worker w ON w.id = e.worker
+        WHERE e.status = 'scheduled'
+          AND (e.worker = p_worker OR (p_worker IS NULL AND (w.id IS NULL OR w.status = 'inactive')))
+        ORDER BY e.id
+        FOR UPDATE OF e SKIP LOCKED
+    ), withdrawn AS (
+        DELETE FROM execution_attempt t USING back WHERE t.execution = back.id AND t.attempt = back.attempt
+    )
+    UPDATE execution e
+    SET status = 'requested', worker = NULL, executor = NULL, attempt = e.attempt - 1,
+        scheduled = NULL, started = NULL
+    FROM back
+    WHERE e.id = back.id AND e.status = 'scheduled' AND e.attempt = back.attempt
+    RETURNING e.id, back.worker, back.attempt, back.worker_name
+$$;
+
+CREATE FUNCTION conveyor.json_type_matches(value jsonb, expected text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE expected
+        WHEN 'integer' THEN jsonb_typeof(value) = 'number' AND value::text::numeric = trunc(value::text::numeric)
+        WHEN 'number' THEN jsonb_typeof(value) = 'number'
+        ELSE jsonb_typeof(value) = expected
+    END
+$$;
+
+CREATE FUNCTION conveyor.outbox_wake() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.outbox', '');
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.replay_message(p_routing_key text, p_message_type text, p_payload jsonb) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    route text;
+BEGIN
+    SELECT r.transport INTO route FROM transport_route r;
+    IF route = 'rabbitmq' THEN
+        INSERT INTO outbox (exchange, routing_key, message_type, payload)
+        VALUES ('executions', p_routing_key, p_message_type, p_payload);
+    ELSIF p_routing_key LIKE 'execution.scheduled.worker.%' THEN
+        PERFORM wake('worker', '{}', ARRAY[substr(p_routing_key, length('execution.scheduled.worker.') + 1)::bigint]);
+    ELSIF p_routing_key = 'execution.completed' THEN
+        PERFORM wake('completed', ARRAY(SELECT jsonb_array_elements_text(
+            CASE WHEN jsonb_typeof(p_payload -> 'execution_ids') = 'array' THEN p_payload -> 'execution_ids'
+                 ELSE '[]' END)::bigint));
+    ELSIF p_routing_key = 'worker.capacity' THEN
+        PERFORM wake('capacity');
+    ELSE
+        PERFORM wake('requested');
+    END IF;
+    RETURN route;
+END
+$$;
+
+CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    action_schema jsonb;
+    problems text[];
+    new_id bigint;
+BEGIN
+    SELECT a.parameters_schema INTO action_schema FROM action a WHERE a.ref = request_execution.action_ref;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown action %', quote_literal(request_execution.action_ref)
+            USING ERRCODE = 'CVA01', HINT = 'no worker has registered this action';
+    END IF;
+    problems := validate_parameters(action_schema, coalesce(request_execution.parameters, '{}'));
+    IF cardinality(problems) > 0 THEN
+        RAISE EXCEPTION 'invalid parameters for %: %', request_execution.action_ref,
+            array_to_string(problems, '; ')
+            USING ERRCODE = 'CVA02';
+    END IF;
+    INSERT INTO execution (action_ref, parameters, parent)
+    VALUES (request_execution.action_ref, coalesce(request_execution.parameters, '{}'),
+            request_execution.parent)
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END
+$$;
+
+CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    WITH inserted AS (
+        INSERT INTO execution (action_ref, parameters)
+        SELECT * FROM unnest(refs, parameters)
+        RETURNING id
+    )
+    SELECT id FROM inserted ORDER BY id
+$$;
+
+CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integer, p_parameters text[], p_method text) RETURNS SETOF conveyor.admission_policy
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    INSERT INTO admission_policy AS p (target, concurrency, parameters, method, source)
+    VALUES (p_target, p_concurrency, p_parameters, p_method, 'operator')
+    ON CONFLICT (target) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, parameters = EXCLUDED.parameters,
+        method = EXCLUDED.method, source = 'operator'
+    RETURNING p.*
+$$;
+
+CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS text
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    WITH old AS (SELECT transport FROM transport_route FOR UPDATE)
+    UPDATE transport_route r SET transport = p_transport, updated = now()
+    FROM old WHERE r.singleton AND old.transport IS DISTINCT FROM p_transport
+    RETURNING old.transport
+$$;
+
+CREATE FUNCTION conveyor.touch_updated() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.updated := now();
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION conveyor.validate_parameters(schema jsonb, params jsonb) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    problems text[] := '{}';
+    key text;
+    prop jsonb;
+    val jsonb;
+    types jsonb;
+BEGIN
+    IF jsonb_typeof(params) <> 'object' THEN
+        RETURN ARRAY['parameters must be a JSON object'];
+    END IF;
+    FOR key IN SELECT jsonb_array_elements_text(coalesce(schema -> 'required', '[]')) LOOP
+        IF NOT params ? key THEN
+            problems := problems || format('%s is required', key);
+        END IF;
+    END LOOP;
+    FOR key, val IN SELECT * FROM jsonb_each(params) LOOP
+        prop := schema -> 'properties' -> key;
+        IF prop IS NULL THEN
+            -- A key matching a patternProperties pattern is declared, not additional
+            -- (its value is left to the executor's full validation).
+            IF schema -> 'additionalProperties' = 'false'::jsonb AND NOT EXISTS (
+                SELECT 1 FROM jsonb_object_keys(coalesce(schema -> 'patternProperties', '{}')) p
+                WHERE key ~ p
+            ) THEN
+                problems := problems || format('%s is not a parameter of this action', key);
+            END IF;
+            CONTINUE;
+        END IF;
+        types := CASE jsonb_typeof(prop -> 'type')
+            WHEN 'string' THEN jsonb_build_array(prop -> 'type')
+            WHEN 'array' THEN prop -> 'type'
+            ELSE NULL END;
+        IF types IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements_text(types) t WHERE json_type_matches(val, t)
+        ) THEN
+            problems := problems || format('%s must be of type %s, got %s', key,
+                array_to_string(ARRAY(SELECT jsonb_array_elements_text(types)), ' or '), val::text);
+            CONTINUE;
+        END IF;
+        IF prop ? 'enum' AND NOT (prop -> 'enum') @> jsonb_build_array(val) THEN
+            problems := problems || format('%s must be one of %s, got %s', key, prop ->> 'enum', val::text);
+        END IF;
+        IF jsonb_typeof(val) = 'number' THEN
+            IF prop ? 'minimum' AND val::text::numeric < (prop ->> 'minimum')::numeric THEN
+                problems := problems || format('%s must be >= %s, got %s', key, prop ->> 'minimum', val::text);
+            END IF;
+            IF prop ? 'maximum' AND val::text::numeric > (prop ->> 'maximum')::numeric THEN
+                problems := problems || format('%s must be <= %s, got %s', key, prop ->> 'maximum', val::text);
+            END IF;
+        END IF;
+        IF jsonb_typeof(val) = 'string' THEN
+            IF prop ? 'minLength' AND length(val #>> '{}') < (prop ->> 'minLength')::int THEN
+                problems := problems || format('%s must be at least %s characters', key, prop ->> 'minLength');
+            END IF;
+            IF prop ? 'maxLength' AND length(val #>> '{}') > (prop ->> 'maxLength')::int THEN
+                problems := problems || format('%s must be at most %s characters', key, prop ->> 'maxLength');
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN problems;
+END
+$$;
+
+CREATE FUNCTION conveyor.wake(topic text, execution_ids bigint[] DEFAULT '{}'::bigint[], worker_ids bigint[] DEFAULT '{}'::bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    route text;
+    w bigint;
+BEGIN
+    SELECT r.transport INTO route FROM transport_route r;
+    IF topic = 'requested' THEN
+        PERFORM pg_notify(current_schema() || '.requested', '');
+    ELSIF topic = 'completed' THEN
+        PERFORM pg_notify(current_schema() || '.completed', wake_payload(execution_ids));
+        IF route = 'rabbitmq' THEN
+            INSERT INTO outbox (exchange, routing_key, message_type, payload)
+            VALUES ('executions', 'execution.completed', 'execution.completed',
+                    jsonb_build_object('execution_ids', to_jsonb(execution_ids)));
+        END IF;
+    ELSIF topic = 'capacity' THEN
+        IF route = 'rabbitmq' THEN
+            INSERT INTO outbox (exchange, routing_key, message_type, payload)
+            VALUES ('executions', 'worker.capacity', 'worker.capacity',
+                    jsonb_build_object('worker_ids', to_jsonb(ARRAY(
+                        SELECT DISTINCT x FROM unnest(worker_ids) x ORDER BY x))));
+        ELSE
+            PERFORM pg_notify(current_schema() || '.capacity', '');
+        END IF;
+    ELSIF topic = 'dispatched' THEN
+        IF route = 'rabbitmq' THEN
+            INSERT INTO outbox (exchange, routing_key, message_type, payload, execution)
+            SELECT 'executions', 'execution.scheduled.worker.' || e.worker, 'execution.scheduled',
+                   jsonb_build_object('execution_id', e.id, 'attempt', e.attempt, 'worker_id', e.worker,
+                                      'scheduled', e.scheduled),
+                   e.id
+            FROM execution e
+            WHERE e.id = ANY(execution_ids) AND e.status = 'scheduled'
+            ORDER BY e.id;
+        ELSE
+            FOR w IN SELECT DISTINCT x FROM unnest(worker_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
+                PERFORM pg_notify(current_schema() || '.worker.' || w, '');
+            END LOOP;
+        END IF;
+    ELSIF topic = 'worker' THEN
+        FOR w IN SELECT DISTINCT x FROM unnest(worker_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
+            PERFORM pg_notify(current_schema() || '.worker.' || w, '');
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION 'unknown wake-up topic %', topic;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION conveyor.wake_payload(ids bigint[]) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN length(p) > 7900 THEN '' ELSE p END
+    FROM (SELECT coalesce(array_to_string(ids, ','), '') AS p) s
+$$;
+
+CREATE FUNCTION conveyor.worker_lock_class() RETURNS integer
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT hashtext(current_schema() || '.worker') & 2147483647
+$$;
+
+CREATE FUNCTION conveyor.worker_lock_held(worker_id bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid = worker_lock_class()::oid
+          AND l.objid = worker_id::oid
+    )
+$$;
+
+CREATE FUNCTION conveyor.worker_wake() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    PERFORM wake('capacity', '{}', ARRAY[NEW.id]);
+    RETURN NULL;
+END
+$$;
+
+CREATE TABLE conveyor.action (
+    ref text NOT NULL,
+    pack text NOT NULL,
+    name text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    runner_type text NOT NULL,
+    runtime text NOT NULL,
+    parameters_schema jsonb DEFAULT '{"type": "object"}'::jsonb NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT action_ref_check CHECK ((ref ~ '^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$'::text)),
+    CONSTRAINT action_runner_type_check CHECK ((runner_type = ANY (ARRAY['python'::text, 'subprocess'::text])))
+);
+
+CREATE TABLE conveyor.api_token (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    role text NOT NULL,
+    token_hash bytea NOT NULL,
+    prefix text NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    last_used timestamp with time zone,
+    revoked timestamp with time zone,
+    CONSTRAINT api_token_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'admin'::text])))
+);
+
+CREATE SEQUENCE conveyor.api_token_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.api_token_id_seq OWNED BY conveyor.api_token.id;
+
+CREATE TABLE conveyor.dead_letter (
+    id bigint NOT NULL,
+    dedupe_key text NOT NULL,
+    message_id text,
+    transport text NOT NULL,
+    queue text NOT NULL,
+    exchange text,
+    routing_key text DEFAULT ''::text NOT NULL,
+    reason text NOT NULL,
+    message_type text,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    execution bigint,
+    attempt integer,
+    worker bigint,
+    error text,
+    deliveries integer DEFAULT 1 NOT NULL,
+    first_seen timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen timestamp with time zone DEFAULT now() NOT NULL,
+    resolution text,
+    resolved timestamp with time zone,
+    resolved_by text,
+    detail text,
+    CONSTRAINT dead_letter_reason_check CHECK ((reason = ANY (ARRAY['expired'::text, 'rejected'::text, 'poison'::text, 'max_redeliveries'::text]))),
+    CONSTRAINT dead_letter_resolution_check CHECK ((resolution = ANY (ARRAY['rescheduled'::text, 'failed'::text, 'stale'::text, 'invalid'::text, 'replayed'::text]))),
+    CONSTRAINT dead_letter_transport_check CHECK ((transport = ANY (ARRAY['postgres'::text, 'rabbitmq'::text])))
+);
+
+CREATE SEQUENCE conveyor.dead_letter_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.dead_letter_id_seq OWNED BY conveyor.dead_letter.id;
+
+CREATE TABLE conveyor.execution (
+    id bigint NOT NULL,
+    action_ref text NOT NULL,
+    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
+    status text DEFAULT 'requested'::text NOT NULL,
+    result jsonb,
+    worker bigint,
+    executor text,
+    parent bigint,
+    enforcement bigint,
+    attempt integer DEFAULT 0 NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    scheduled timestamp with time zone,
+    started timestamp with time zone,
+    ended timestamp with time zone,
+    not_before timestamp with time zone,
+    cancelled_by text,
+    CONSTRAINT execution_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT execution_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'scheduling'::text, 'scheduled'::text, 'running'::text, 'completed'::text, 'failed'::text, 'canceling'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))
+);
+
+CREATE TABLE conveyor.execution_admission_group (
+    policy text NOT NULL,
+    group_key jsonb NOT NULL,
+    next_seq bigint DEFAULT 0 NOT NULL,
+    touched timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE conveyor.execution_admission_queue (
+    execution bigint NOT NULL,
+    policy text NOT NULL,
+    group_key jsonb NOT NULL,
+    seq bigint NOT NULL,
+    enqueued timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE conveyor.execution_admission_slot (
+    execution bigint NOT NULL,
+    policy text NOT NULL,
+    group_key jsonb NOT NULL,
+    seq bigint NOT NULL,
+    acquired timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE conveyor.execution_attempt (
+    execution bigint NOT NULL,
+    attempt integer NOT NULL,
+    worker bigint,
+    worker_name text NOT NULL,
+    scheduled timestamp with time zone DEFAULT now() NOT NULL,
+    started timestamp with time zone,
+    ended timestamp with time zone,
+    outcome text,
+    error text,
+    republished timestamp with time zone,
+    CONSTRAINT execution_attempt_attempt_check CHECK ((attempt > 0))
+);
+
+CREATE SEQUENCE conveyor.execution_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.execution_id_seq OWNED BY conveyor.execution.id;
+
+CREATE TABLE conveyor.execution_transition (
+    from_status text NOT NULL,
+    to_status text NOT NULL
+);
+
+CREATE TABLE conveyor.outbox (
+    id bigint NOT NULL,
+    message_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    exchange text NOT NULL,
+    routing_key text NOT NULL,
+    message_type text NOT NULL,
+    payload jsonb NOT NULL,
+    execution bigint,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_exchange_check CHECK ((exchange = ANY (ARRAY['executions'::text, 'events'::text, 'dlx'::text])))
+);
+
+CREATE SEQUENCE conveyor.outbox_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.outbox_id_seq OWNED BY conveyor.outbox.id;
+
+CREATE TABLE conveyor.schema_migration (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE conveyor.transport_route (
+    singleton boolean DEFAULT true NOT NULL,
+    transport text DEFAULT 'postgres'::text NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT transport_route_singleton_check CHECK (singleton),
+    CONSTRAINT transport_route_transport_check CHECK ((transport = ANY (ARRAY['postgres'::text, 'rabbitmq'::text])))
+);
+
+CREATE TABLE conveyor.worker (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    worker_role text DEFAULT 'action'::text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    runtimes text[] DEFAULT '{}'::text[] NOT NULL,
+    actions text[] DEFAULT '{}'::text[] NOT NULL,
+    capabilities jsonb DEFAULT '{}'::jsonb NOT NULL,
+    capacity integer DEFAULT 10 NOT NULL,
+    host text,
+    pid integer,
+    version text,
+    last_heartbeat timestamp with time zone,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    stale_after double precision DEFAULT 30 NOT NULL,
+    cordoned boolean DEFAULT false NOT NULL,
+    lock_epoch timestamp with time zone,
+    lock_lost_at timestamp with time zone,
+    lock_grace double precision DEFAULT 0.25 NOT NULL,
+    CONSTRAINT worker_capacity_check CHECK ((capacity > 0)),
+    CONSTRAINT worker_lock_grace_check CHECK ((lock_grace >= (0)::double precision)),
+    CONSTRAINT worker_stale_after_check CHECK ((stale_after > (0)::double precision)),
+    CONSTRAINT worker_status_check CHECK ((status = ANY (ARRAY['active'::text, 'draining'::text, 'inactive'::text]))),
+    CONSTRAINT worker_worker_role_check CHECK ((worker_role = ANY (ARRAY['action'::text, 'sensor'::text, 'notifier'::text])))
+);
+
+CREATE SEQUENCE conveyor.worker_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.worker_id_seq OWNED BY conveyor.worker.id;
+
+ALTER TABLE ONLY conveyor.api_token ALTER COLUMN id SET DEFAULT nextval('conveyor.api_token_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.dead_letter ALTER COLUMN id SET DEFAULT nextval('conveyor.dead_letter_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.execution ALTER COLUMN id SET DEFAULT nextval('conveyor.execution_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.outbox ALTER COLUMN id SET DEFAULT nextval('conveyor.outbox_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.worker ALTER COLUMN id SET DEFAULT nextval('conveyor.worker_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.action
+    ADD CONSTRAINT action_pkey PRIMARY KEY (ref);
+
+ALTER TABLE ONLY conveyor.admission_policy
+    ADD CONSTRAINT admission_policy_pkey PRIMARY KEY (target);
+
+ALTER TABLE ONLY conveyor.api_token
+    ADD CONSTRAINT api_token_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.api_token
+    ADD CONSTRAINT api_token_token_hash_key UNIQUE (token_hash);
+
+ALTER TABLE ONLY conveyor.dead_letter
+    ADD CONSTRAINT dead_letter_dedupe_key_key UNIQUE (dedupe_key);
+
+ALTER TABLE ONLY conveyor.dead_letter
+    ADD CONSTRAINT dead_letter_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.execution_admission_group
+    ADD CONSTRAINT execution_admission_group_pkey PRIMARY KEY (policy, group_key);
+
+ALTER TABLE ONLY conveyor.execution_admission_queue
+    ADD CONSTRAINT execution_admission_queue_pkey PRIMARY KEY (execution);
+
+ALTER TABLE ONLY conveyor.execution_admission_queue
+    ADD CONSTRAINT execution_admission_queue_policy_group_key_seq_key UNIQUE (policy, group_key, seq);
+
+ALTER TABLE ONLY conveyor.execution_admission_slot
+    ADD CONSTRAINT execution_admission_slot_pkey PRIMARY KEY (execution);
+
+ALTER TABLE ONLY conveyor.execution_attempt
+    ADD CONSTRAINT execution_attempt_pkey PRIMARY KEY (execution, attempt);
+
+ALTER TABLE ONLY conveyor.execution
+    ADD CONSTRAINT execution_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.execution_transition
+    ADD CONSTRAINT execution_transition_pkey PRIMARY KEY (from_status, to_status);
+
+ALTER TABLE ONLY conveyor.outbox
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.schema_migration
+    ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY conveyor.transport_route
+    ADD CONSTRAINT transport_route_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY conveyor.worker
+    ADD CONSTRAINT worker_name_key UNIQUE (name);
+
+ALTER TABLE ONLY conveyor.worker
+    ADD CONSTRAINT worker_pkey PRIMARY KEY (id);
+
+CREATE INDEX dead_letter_execution_idx ON conveyor.dead_letter USING btree (execution) WHERE (execution IS NOT NULL);
+
+CREATE INDEX dead_letter_first_seen_idx ON conveyor.dead_letter USING btree (first_seen);
+
+CREATE INDEX dead_letter_pending_idx ON conveyor.dead_letter USING btree (id) WHERE (resolution IS NULL);
+
+CREATE INDEX execution_action_idx ON conveyor.execution USING btree (action_ref, created);
+
+CREATE INDEX execution_admission_slot_group_idx ON conveyor.execution_admission_slot USING btree (policy, group_key);
+
+CREATE INDEX execution_attempt_worker_idx ON conveyor.execution_attempt USING btree (worker) WHERE (worker IS NOT NULL);
+
+CREATE INDEX execution_created_idx ON conveyor.execution USING btree (created);
+
+CREATE INDEX execution_on_worker_idx ON conveyor.execution USING btree (worker, id) WHERE (status = ANY (ARRAY['scheduled'::text, 'running'::text, 'canceling'::text]));
+
+CREATE INDEX execution_parent_idx ON conveyor.execution USING btree (parent) WHERE (parent IS NOT NULL);
+
+CREATE INDEX execution_requested_idx ON conveyor.execution USING btree (id) WHERE (status = 'requested'::text);
+
+CREATE INDEX execution_status_updated_idx ON conveyor.execution USING btree (status, updated);
+
+CREATE INDEX outbox_execution_idx ON conveyor.outbox USING btree (execution) WHERE (execution IS NOT NULL);
+
+CREATE INDEX worker_status_heartbeat_idx ON conveyor.worker USING btree (status, last_heartbeat);
+
+CREATE TRIGGER action_touch BEFORE UPDATE ON conveyor.action FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
+
+CREATE TRIGGER admission_on_change AFTER UPDATE ON conveyor.execution REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows FOR EACH STATEMENT EXECUTE FUNCTION conveyor.admission_on_change();
+
+CREATE TRIGGER admission_on_request AFTER INSERT ON conveyor.execution REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION conveyor.admission_on_request();
+
+CREATE TRIGGER admission_policy_changed AFTER INSERT OR DELETE OR UPDATE ON conveyor.admission_policy FOR EACH ROW EXECUTE FUNCTION conveyor.admission_policy_changed();
+
+CREATE TRIGGER admission_policy_from_metadata AFTER INSERT OR UPDATE OF metadata ON conveyor.action FOR EACH ROW EXECUTE FUNCTION conveyor.admission_policy_from_metadata();
+
+CREATE TRIGGER admission_policy_touch BEFORE UPDATE ON conveyor.admission_policy FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
+
+CREATE TRIGGER execution_guard BEFORE INSERT OR UPDATE ON conveyor.execution FOR EACH ROW EXECUTE FUNCTION conveyor.execution_guard();
+
+CREATE TRIGGER execution_wake_changed AFTER UPDATE ON conveyor.execution REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows FOR EACH STATEMENT EXECUTE FUNCTION conveyor.execution_wake_changed();
+
+CREATE TRIGGER execution_wake_inserted AFTER INSERT ON conveyor.execution REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION conveyor.execution_wake_inserted();
+
+CREATE TRIGGER outbox_wake AFTER INSERT ON conveyor.outbox FOR EACH STATEMENT EXECUTE FUNCTION conveyor.outbox_wake();
+
+CREATE TRIGGER worker_touch BEFORE UPDATE ON conveyor.worker FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
+
+CREATE TRIGGER worker_wake_changed AFTER UPDATE OF status, cordoned, capacity, pid ON conveyor.worker FOR EACH ROW WHEN (((new.status = 'active'::text) AND (NOT new.cordoned) AND ((((old.status IS DISTINCT FROM new.status) OR (old.cordoned IS DISTINCT FROM new.cordoned)) OR (old.capacity IS DISTINCT FROM new.capacity)) OR (old.pid IS DISTINCT FROM new.pid)))) EXECUTE FUNCTION conveyor.worker_wake();
+
+CREATE TRIGGER worker_wake_inserted AFTER INSERT ON conveyor.worker FOR EACH ROW WHEN (((new.status = 'active'::text) AND (NOT new.cordoned))) EXECUTE FUNCTION conveyor.worker_wake();
+
+ALTER TABLE ONLY conveyor.execution
+    ADD CONSTRAINT execution_action_ref_fkey FOREIGN KEY (action_ref) REFERENCES conveyor.action(ref);
+
+ALTER TABLE ONLY conveyor.execution_admission_group
+    ADD CONSTRAINT execution_admission_group_policy_fkey FOREIGN KEY (policy) REFERENCES conveyor.admission_policy(target) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_admission_queue
+    ADD CONSTRAINT execution_admission_queue_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_admission_queue
+    ADD CONSTRAINT execution_admission_queue_policy_group_key_fkey FOREIGN KEY (policy, group_key) REFERENCES conveyor.execution_admission_group(policy, group_key) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_admission_slot
+    ADD CONSTRAINT execution_admission_slot_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_admission_slot
+    ADD CONSTRAINT execution_admission_slot_policy_group_key_fkey FOREIGN KEY (policy, group_key) REFERENCES conveyor.execution_admission_group(policy, group_key) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_attempt
+    ADD CONSTRAINT execution_attempt_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.execution_attempt
+    ADD CONSTRAINT execution_attempt_worker_fkey FOREIGN KEY (worker) REFERENCES conveyor.worker(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.execution
+    ADD CONSTRAINT execution_parent_fkey FOREIGN KEY (parent) REFERENCES conveyor.execution(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.execution
+    ADD CONSTRAINT execution_worker_fkey FOREIGN KEY (worker) REFERENCES conveyor.worker(id) ON DELETE SET NULL;

@@ -1,0 +1,134 @@
+"""The verbs that change state, as the SDK (sync), the API (async) and the CLI share them.
+
+Each verb is one SQL function in the database (``request_execution``,
+``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
+``set_admission_policy``, ``delete_admission_policy``, ``replay_message``); its wake-ups
+come from triggers, not from the caller. What is here is only what every caller needs
+around that one call, written once: the checks made before it (full JSON Schema, policy
+specs) and what its answer means -- an error a user can act on, or the result. A caller
+is then one ``execute`` plus these functions, sync or async alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import jsonschema
+import psycopg
+
+from conveyor.actions.registry import AdmissionPolicy
+from conveyor.domain.errors import (
+    ConflictError,
+    ConveyorError,
+    ExecutionNotFoundError,
+    InvalidParametersError,
+    InvalidPolicyError,
+    NotFoundError,
+    UnknownActionError,
+)
+
+# SQLSTATEs the verbs raise (class CV: Conveyor's own).
+UNKNOWN_ACTION = "CVA01"
+INVALID_PARAMETERS = "CVA02"
+NO_POLICY = "CVN03"
+POLICY_FROM_DEFINITION = "CVC02"
+
+# admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
+_TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
+_TARGET_MAX = 255
+
+
+def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> ConveyorError | psycopg.Error:
+    """A verb's refusal as the error a user can act on; anything else unchanged."""
+    message = exc.diag.message_primary or str(exc)
+    if exc.sqlstate == UNKNOWN_ACTION:
+        return UnknownActionError(action_ref)
+    if exc.sqlstate == INVALID_PARAMETERS:
+        return InvalidParametersError(action_ref, [message.split(": ", 1)[-1]])
+    if exc.sqlstate == NO_POLICY:
+        return policy_not_found(target)
+    if exc.sqlstate == POLICY_FROM_DEFINITION:
+        return ConflictError(message)
+    return exc
+
+
+@contextmanager
+def refusals(*, action_ref: str = "", target: str = "") -> Iterator[None]:
+    """Raise a verb's refusal as its ConveyorError (works around sync and async calls alike)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        translated = translate(exc, action_ref=action_ref, target=target)
+        if translated is exc:
+            raise
+        raise translated from None
+
+
+# -- requests ---------------------------------------------------------------------------
+
+
+def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], parameters: Any) -> None:
+    """Full JSON Schema, before the database's own subset check (validate_parameters in SQL)."""
+    cls = jsonschema.validators.validator_for(parameters_schema)
+    errors = sorted(cls(parameters_schema).iter_errors(parameters), key=lambda e: list(e.path))
+    if errors:
+        raise InvalidParametersError(
+            action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
+        )
+
+
+# -- cancel -----------------------------------------------------------------------------
+
+
+def cancelled(execution_id: int, row: Mapping[str, Any] | None) -> str:
+    """What ``cancel_execution`` answered: the new status (``cancelled``, or ``canceling``
+    while its worker stops it); asking again while canceling is not an error. No row: no
+    such execution; ``now`` NULL: it had finished (ConflictError)."""
+    if row is None:
+        raise ExecutionNotFoundError(execution_id)
+    if row["now"] is None:
+        raise ConflictError(f"execution {execution_id} is {row['was']}: nothing to cancel")
+    return str(row["now"])
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+def worker_changed(name: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``cordon_worker`` / ``drain_worker`` answered (no row: no such worker)."""
+    if row is None:
+        raise NotFoundError(f"no worker named {name!r} (see `conveyor workers list`)")
+    return dict(row)
+
+
+# -- admission policies -----------------------------------------------------------------
+
+
+def valid_policy_target(target: str) -> bool:
+    return isinstance(target, str) and len(target) <= _TARGET_MAX and _TARGET.fullmatch(target) is not None
+
+
+def policy_spec(target: str, concurrency: int, parameters: Sequence[str], method: str) -> AdmissionPolicy:
+    """The checked policy for ``set``; InvalidPolicyError says what is wrong."""
+    if not valid_policy_target(target):
+        raise InvalidPolicyError(
+            f"invalid policy target {target!r}: give an action ref (pack.name), a pack (pack) or '*' (every action)"
+        )
+    params = tuple(parameters) if isinstance(parameters, list | tuple) else parameters  # else refused below
+    try:
+        return AdmissionPolicy(concurrency, params, method)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidPolicyError(f"invalid policy for {target}: {exc}") from None
+
+
+def policy_not_found(target: str) -> NotFoundError:
+    return NotFoundError(f"no admission policy for {target!r} (see `conveyor policies list`)")
+
+
+def policy_found(target: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    if row is None:
+        raise policy_not_found(target)
+    return dict(row)
