@@ -129,6 +129,7 @@ def test_api_answers_503_promptly_in_an_outage_and_a_keyed_retry_makes_one_execu
             return response if response.status_code in (200, 201) else None
 
         first = eventually(retried, timeout=30, interval=0.2, message=api.logs)
+        assert first.status_code == 201, first.text  # none of the refused tries had committed
         again = client.post("/api/v1/executions", json=body, headers={"Idempotency-Key": "order-1"})
         assert again.status_code == 200, again.text
         assert again.json()["id"] == first.json()["id"]
