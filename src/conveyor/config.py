@@ -66,6 +66,9 @@ class ExecutorSettings(_Section):
         description="consecutive failures (other than a database outage) after which a recovery duty "
         "is reported failing and the executor's readiness fails, until the duty succeeds again",
     )
+    idempotency_key_retention: float = Field(
+        86_400, gt=0, description="seconds an idempotency key is kept after its first use (then purged)"
+    )
 
 
 class WorkerSettings(_Section):
@@ -136,6 +139,13 @@ class ApiSettings(_Section):
     port: int = Field(8080, ge=0, le=65535, description="port of the REST API and dashboard (the seeds' 8080)")
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="largest request body accepted (413 above)")
     stream_interval: float = Field(1.0, gt=0, le=60, description="seconds between polls of the execution event stream")
+    database_timeout: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="seconds a request waits for a database connection before answering 503 (database unavailable)",
+    )
+    retry_after: int = Field(2, ge=1, le=3600, description="the Retry-After seconds of a 503 (database unavailable)")
 
 
 class LogSettings(_Section):

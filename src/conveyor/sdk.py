@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor import verbs
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
+from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, WorkerInfo
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import connect_sync
@@ -51,17 +52,22 @@ def request_execution(
     parameters: dict[str, Any] | None = None,
     *,
     schema: str = "conveyor",
+    idempotency_key: str | None = None,
 ) -> int:
-    """Create an execution in ``requested`` within ``conn``'s current transaction."""
+    """Create an execution in ``requested`` within ``conn``'s current transaction. With
+    ``idempotency_key``, a retry with the same key returns the first execution (for at
+    least executor.idempotency_key_retention); the key reused for another request raises
+    ConflictError."""
     params = parameters or {}
+    check_idempotency_key(idempotency_key)
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
     try:
         # A savepoint: a refusal by the database (CVA01/CVA02) is raised as a ConveyorError
         # and must leave the caller's transaction usable, as a client-side refusal does.
         with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(
-                sql.SQL("SELECT {}.request_execution(%s, %s)").format(sql.Identifier(schema)),
-                (action_ref, Jsonb(params)),
+                sql.SQL("SELECT {}.request_execution(%s, %s, idempotency_key => %s)").format(sql.Identifier(schema)),
+                (action_ref, Jsonb(params), idempotency_key),
             )
             row = cur.fetchone()
     except psycopg.Error as exc:
@@ -112,9 +118,13 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, action_ref: str, parameters: dict[str, Any] | None = None) -> int:
+    def request(
+        self, action_ref: str, parameters: dict[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> int:
         with self.conn.transaction():
-            return request_execution(self.conn, action_ref, parameters, schema=self.schema)
+            return request_execution(
+                self.conn, action_ref, parameters, schema=self.schema, idempotency_key=idempotency_key
+            )
 
     def get(self, execution_id: int, *, with_attempts: bool = True) -> Execution:
         row = self.conn.execute(Q["get_execution"], {"id": execution_id}).fetchone()

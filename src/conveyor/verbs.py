@@ -33,6 +33,7 @@ from conveyor.domain.errors import (
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
 INVALID_PARAMETERS = "CVA02"
+KEY_REUSED = "CVA03"
 NO_POLICY = "CVN03"
 POLICY_FROM_DEFINITION = "CVC02"
 
@@ -48,6 +49,8 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
         return UnknownActionError(action_ref)
     if exc.sqlstate == INVALID_PARAMETERS:
         return InvalidParametersError(action_ref, [message.split(": ", 1)[-1]])
+    if exc.sqlstate == KEY_REUSED:
+        return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     if exc.sqlstate == NO_POLICY:
         return policy_not_found(target)
     if exc.sqlstate == POLICY_FROM_DEFINITION:

@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 import conveyor
 from conveyor.api import dashboard, errors
 from conveyor.api.auth import TokenCache
-from conveyor.api.context import ApiContext
+from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
 from conveyor.api.routes import dead_letters, executions, health, policies, resources
 from conveyor.config import Settings
@@ -31,8 +31,9 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
         docs_url="/docs",
         redoc_url=None,
     )
-    app.state.ctx = ApiContext(settings, pool, transport)
-    app.state.tokens = TokenCache(pool)
+    api_pool = ApiPool(pool, settings.api.database_timeout)
+    app.state.ctx = ApiContext(settings, api_pool, transport)
+    app.state.tokens = TokenCache(api_pool)
     errors.install(app)
     v1 = APIRouter(prefix="/api/v1")
     v1.include_router(executions.router)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
-from psycopg_pool import AsyncConnectionPool
 
+from conveyor.api.context import ApiPool
 from conveyor.domain.tokens import Role, token_hash, token_row
 from conveyor.store.queries import Q
 
@@ -36,7 +36,7 @@ async def create_token(conn: Any, name: str, role: Role) -> tuple[str, dict[str,
 class TokenCache:
     """Token hash -> principal for a few seconds: one lookup per token, not per request."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, pool: ApiPool) -> None:
         self._pool = pool
         self._entries: dict[bytes, tuple[float, Principal | None]] = {}
 

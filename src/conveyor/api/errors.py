@@ -24,6 +24,11 @@ from conveyor.domain.errors import (
 log = structlog.get_logger(__name__)
 
 
+class ClientGoneError(Exception):
+    """The client hung up before its request was done: what it asked is rolled back, since
+    it cannot learn the outcome (and may be retrying)."""
+
+
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
@@ -61,8 +66,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        # Also the pool's PoolTimeout: no connection within api.database_timeout.
         log.warning("API request failed; database unreachable", path=request.url.path, error=str(exc).strip())
-        return error(503, "database unavailable; retry later", headers={"Retry-After": "1"})
+        retry_after = request.app.state.ctx.settings.api.retry_after
+        return error(503, "database unavailable; retry later", headers={"Retry-After": str(retry_after)})
+
+    @app.exception_handler(ClientGoneError)
+    async def client_gone(request: Request, exc: ClientGoneError) -> JSONResponse:
+        log.info("request abandoned by its client; rolled back", request=str(exc))
+        return error(499, "client closed the request; nothing was done")  # nobody reads it: nginx's 499
 
     @app.exception_handler(psycopg.errors.DataError)
     async def bad_value(request: Request, exc: psycopg.errors.DataError) -> JSONResponse:

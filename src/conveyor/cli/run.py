@@ -10,6 +10,7 @@ import typer
 from conveyor.cli.context import JsonOption, console, print_json, state
 from conveyor.cli.executions import show_execution
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.status import ExecutionStatus
 
 
@@ -41,12 +42,22 @@ def run(
         bool, typer.Option("--wait", "-w", help="Wait for the result; exit 1 unless it succeeded.")
     ] = False,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Run again with the same key (and the same action and parameters): the same execution, "
+            "not a new one (keys are kept at least 24 h).",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Request an execution. Without --wait, print its id alone (for scripts)."""
+    check_idempotency_key(idempotency_key)  # before connecting: a typo is told at once
     with state.client() as client:
         definition = client.action(action)
-        execution_id = client.request(action, parse_parameters(parameters or [], definition["parameters_schema"]))
+        params = parse_parameters(parameters or [], definition["parameters_schema"])
+        execution_id = client.request(action, params, idempotency_key=idempotency_key)
         if not wait:
             if as_json:
                 print_json({"id": execution_id})

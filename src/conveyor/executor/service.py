@@ -21,6 +21,7 @@ from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
+from conveyor.store.queries import Q
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -86,6 +87,9 @@ class ExecutorService:
                            name="executor-gauges")  # fmt: skip
             tg.create_task(self._every(stop, cfg.admission_repair_interval, self._repair_admission),
                            name="executor-admission-repair")  # fmt: skip
+            # Often enough that a key outlives its retention by a small fraction of it.
+            tg.create_task(self._every(stop, min(60.0, cfg.idempotency_key_retention / 10), self._purge_keys),
+                           name="executor-idempotency-keys")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
 
@@ -115,6 +119,13 @@ class ExecutorService:
         purged = await self._dead_letters.purge_expired()
         await self._dead_letters.refresh_gauges()
         return purged
+
+    async def _purge_keys(self) -> int:
+        """Retention of idempotency keys (executor.idempotency_key_retention)."""
+        retention = self.settings.executor.idempotency_key_retention
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(Q["purge_idempotency_keys"], {"retention": retention})
+            return int(cursor.rowcount)
 
     async def _refresh_gauges(self) -> None:
         """The execution, worker and backlog gauges (executor/gauges.py)."""

@@ -23,6 +23,9 @@ KEEPALIVES: Mapping[str, Any] = {
 }
 
 
+RECONNECT_TIMEOUT = 5.0
+
+
 def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
     # Server side: a session whose client vanished mid-transaction (a partition between a
     # claim and its COMMIT) must not hold its row locks for the kernel's 2 hours.
@@ -63,6 +66,12 @@ def make_pool(
         open=False,
         kwargs={"row_factory": dict_row, **conninfo_kwargs(schema, application_name)},
         connection_class=psycopg.AsyncConnection[Row],
+        # The pool retries a lost connection with a doubling delay until reconnect_timeout
+        # (300 s by default): after an outage of a minute the next try came up to a minute
+        # after the database was back, every request answered 503 meanwhile. Giving up
+        # after a few seconds resets it: the next request that finds no connection starts a
+        # fresh attempt at once.
+        reconnect_timeout=RECONNECT_TIMEOUT,
         # No check on checkout (it would cost a round trip on every use): a connection
         # broken by a database restart fails its statement, the caller's loop retries,
         # and the pool discards the broken connection when it comes back.

@@ -11,15 +11,17 @@ from typing import Annotated, Any
 
 import psycopg
 import structlog
-from fastapi import APIRouter, Depends, Header, Query, Request, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from psycopg.types.json import Jsonb
 
 from conveyor import verbs
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
+from conveyor.api.errors import ClientGoneError
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
 from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
+from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.queries import Q
 
@@ -36,21 +38,46 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorOut, "description": "database unavailable; retry later"},
 }
 WITH_BODY = {**ERRORS, 413: {"model": ErrorOut, "description": "request body over api.max_body_bytes"}}
+CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **WITH_BODY,
+    200: {
+        "model": ExecutionOut,
+        "description": "a repeat of an earlier request with this Idempotency-Key: its execution",
+    },
+    201: {"description": "the execution was created"},
+    409: {"model": ErrorOut, "description": "the Idempotency-Key was already used for a different request"},
+}
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=MAX_LENGTH,
+        pattern=PATTERN,
+        description="a key of the client's choosing (e.g. a UUID): a retry with the same key and body returns "
+        "the same execution (200) instead of creating another; kept at least 24 h",
+    ),
+]
 
 
-async def request_execution(conn: Any, ref: str, parameters: dict[str, Any]) -> int:
+async def request_execution(
+    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None
+) -> tuple[int, bool]:
+    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated)."""
     action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
     if action is None:
         raise UnknownActionError(ref)
     verbs.validate_parameters(ref, action["parameters_schema"], parameters)
-    # A savepoint: a refusal by the database's own checks (CVA01/CVA02) leaves the
+    # A savepoint: a refusal by the database's own checks (CVA01/CVA02/CVA03) leaves the
     # connection usable.
     with verbs.refusals(action_ref=ref):
         async with conn.transaction():
             row = await (
-                await conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters)))
+                await conn.execute(
+                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s)", (ref, Jsonb(parameters), key)
+                )
             ).fetchone()
-    return int(row["id"])
+    return int(row["execution_id"]), bool(row["repeated"])
 
 
 async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
@@ -63,11 +90,21 @@ async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
     return {**row, "attempts": attempts, "admission": admission}
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=WITH_BODY)
-async def create(body: ExecutionRequest, ctx: Ctx, _: Operator) -> dict[str, Any]:
-    """Request an execution (``requested``); it is validated against the action's parameter schema."""
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=CREATE_RESPONSES)
+async def create(
+    body: ExecutionRequest, ctx: Ctx, _: Operator, request: Request, response: Response, key: IdempotencyKey = None
+) -> dict[str, Any]:
+    """Request an execution (``requested``); it is validated against the action's parameter schema.
+    With an ``Idempotency-Key``, a retry with the same key and body answers 200 with the
+    execution of the first try (for at least 24 h) instead of creating another."""
     async with ctx.pool.connection() as conn:
-        eid = await request_execution(conn, body.action_ref, body.parameters)
+        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key)
+        # Not committed for a client that has hung up (it gave up waiting and may retry):
+        # the pool connection's transaction commits only when this block ends.
+        if await request.is_disconnected():
+            raise ClientGoneError("POST /api/v1/executions")
+    if repeated:
+        response.status_code = status.HTTP_200_OK
     return await get_execution(ctx, eid)
 
 
@@ -206,5 +243,5 @@ async def rerun(execution_id: int, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """A new execution of the same action with the same parameters."""
     original = await get_execution(ctx, _valid_id(execution_id))
     async with ctx.pool.connection() as conn:
-        eid = await request_execution(conn, original["action_ref"], original["parameters"])
+        eid = (await request_execution(conn, original["action_ref"], original["parameters"]))[0]
     return await get_execution(ctx, eid)

@@ -489,31 +489,81 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint) RETURNS bigint
+CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint, idempotency_key text DEFAULT NULL::text) RETURNS bigint
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $_$
+    SELECT execution_id FROM request_execution_once($1, $2, $3, $4)
+$_$;
+
+CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, OUT execution_id bigint, OUT repeated boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
     AS $$
 DECLARE
+    params jsonb := coalesce(request_execution_once.parameters, '{}');
     action_schema jsonb;
     problems text[];
-    new_id bigint;
+    earlier record;
+    turns integer := 0;
 BEGIN
-    SELECT a.parameters_schema INTO action_schema FROM action a WHERE a.ref = request_execution.action_ref;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'unknown action %', quote_literal(request_execution.action_ref)
-            USING ERRCODE = 'CVA01', HINT = 'no worker has registered this action';
+    IF idempotency_key IS NOT NULL AND length(idempotency_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'an idempotency key must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    problems := validate_parameters(action_schema, coalesce(request_execution.parameters, '{}'));
-    IF cardinality(problems) > 0 THEN
-        RAISE EXCEPTION 'invalid parameters for %: %', request_execution.action_ref,
-            array_to_string(problems, '; ')
-            USING ERRCODE = 'CVA02';
-    END IF;
-    INSERT INTO execution (action_ref, parameters, parent)
-    VALUES (request_execution.action_ref, coalesce(request_execution.parameters, '{}'),
-            request_execution.parent)
-    RETURNING id INTO new_id;
-    RETURN new_id;
+    LOOP
+        turns := turns + 1;
+        IF turns > 3 THEN  -- a key that keeps appearing and vanishing (purged meanwhile): give up
+            RAISE EXCEPTION 'idempotency key % is changing under this request; retry it', quote_literal(idempotency_key)
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+        IF idempotency_key IS NOT NULL THEN
+            SELECT e.id, e.action_ref, e.parameters, e.parent INTO earlier
+            FROM execution_idempotency k JOIN execution e ON e.id = k.execution
+            WHERE k.key = idempotency_key;
+            IF FOUND THEN
+                IF earlier.action_ref IS DISTINCT FROM request_execution_once.action_ref
+                   OR earlier.parameters IS DISTINCT FROM params
+                   OR earlier.parent IS DISTINCT FROM request_execution_once.parent THEN
+                    RAISE EXCEPTION 'idempotency key % was already used for another request (execution %)',
+                        quote_literal(idempotency_key), earlier.id
+                        USING ERRCODE = 'CVA03',
+                              HINT = 'send a new key for a new request; a retry must repeat the request unchanged';
+                END IF;
+                execution_id := earlier.id;
+                repeated := true;
+                RETURN;
+            END IF;
+        END IF;
+        IF problems IS NULL THEN  -- validated once, even when the loop comes round again
+            SELECT a.parameters_schema INTO action_schema FROM action a
+            WHERE a.ref = request_execution_once.action_ref;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'unknown action %', quote_literal(request_execution_once.action_ref)
+                    USING ERRCODE = 'CVA01', HINT = 'no worker has registered this action';
+            END IF;
+            problems := validate_parameters(action_schema, params);
+            IF cardinality(problems) > 0 THEN
+                RAISE EXCEPTION 'invalid parameters for %: %', request_execution_once.action_ref,
+                    array_to_string(problems, '; ')
+                    USING ERRCODE = 'CVA02';
+            END IF;
+        END IF;
+        execution_id := nextval(pg_get_serial_sequence('execution', 'id'));
+        IF idempotency_key IS NOT NULL THEN
+            INSERT INTO execution_idempotency (key, execution) VALUES (idempotency_key, execution_id)
+            ON CONFLICT (key) DO NOTHING;
+        END IF;
+        IF idempotency_key IS NULL OR FOUND THEN
+            -- (The executors are woken by the insert trigger of 0009.)
+            INSERT INTO execution (id, action_ref, parameters, parent)
+            VALUES (execution_id, request_execution_once.action_ref, params, request_execution_once.parent);
+            repeated := false;
+            RETURN;
+        END IF;
+        -- A concurrent request with this key committed first: the next turn answers with
+        -- its execution (a fresh snapshot per statement sees it).
+    END LOOP;
 END
 $$;
 
@@ -857,6 +907,13 @@ CREATE SEQUENCE conveyor.execution_id_seq
 
 ALTER SEQUENCE conveyor.execution_id_seq OWNED BY conveyor.execution.id;
 
+CREATE TABLE conveyor.execution_idempotency (
+    key text NOT NULL,
+    execution bigint NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT execution_idempotency_key_check CHECK (((length(key) >= 1) AND (length(key) <= 255)))
+);
+
 CREATE TABLE conveyor.execution_transition (
     from_status text NOT NULL,
     to_status text NOT NULL
@@ -977,6 +1034,9 @@ ALTER TABLE ONLY conveyor.execution_admission_slot
 ALTER TABLE ONLY conveyor.execution_attempt
     ADD CONSTRAINT execution_attempt_pkey PRIMARY KEY (execution, attempt);
 
+ALTER TABLE ONLY conveyor.execution_idempotency
+    ADD CONSTRAINT execution_idempotency_pkey PRIMARY KEY (key);
+
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_pkey PRIMARY KEY (id);
 
@@ -1011,6 +1071,10 @@ CREATE INDEX execution_admission_slot_group_idx ON conveyor.execution_admission_
 CREATE INDEX execution_attempt_worker_idx ON conveyor.execution_attempt USING btree (worker) WHERE (worker IS NOT NULL);
 
 CREATE INDEX execution_created_idx ON conveyor.execution USING btree (created);
+
+CREATE INDEX execution_idempotency_created_idx ON conveyor.execution_idempotency USING btree (created);
+
+CREATE INDEX execution_idempotency_execution_idx ON conveyor.execution_idempotency USING btree (execution);
 
 CREATE INDEX execution_on_worker_idx ON conveyor.execution USING btree (worker, id) WHERE (status = ANY (ARRAY['scheduled'::text, 'running'::text, 'canceling'::text]));
 
@@ -1073,6 +1137,9 @@ ALTER TABLE ONLY conveyor.execution_attempt
 
 ALTER TABLE ONLY conveyor.execution_attempt
     ADD CONSTRAINT execution_attempt_worker_fkey FOREIGN KEY (worker) REFERENCES conveyor.worker(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.execution_idempotency
+    ADD CONSTRAINT execution_idempotency_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED;
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_parent_fkey FOREIGN KEY (parent) REFERENCES conveyor.execution(id) ON DELETE SET NULL;
