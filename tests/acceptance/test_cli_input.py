@@ -70,7 +70,10 @@ def test_import_finds_a_module_in_the_current_directory(procs: Procs, tmp_path: 
 
 def test_markup_like_user_data_is_shown_as_it_is(procs: Procs, tmp_path: Path) -> None:
     (tmp_path / "myactions.py").write_text(ACTIONS)
-    procs.start("executor", name="executor").wait_for_log("executor started")
+    executor = procs.start("executor", name="executor")
+    executor.wait_for_log("executor started")
+    # What the seeds' troubleshooting greps the executor's log for.
+    executor.wait_for_log("heartbeat monitor started")
     start_worker_in(procs, tmp_path, "w-markup")
 
     ids = []
