@@ -25,6 +25,9 @@ MARKUP = ["[/oops]", "[red]x[/red]", "[bold", "[bold]b[/]", ":smile:", "^[a-z][a
 
 # Printable text on one line: Rich drops control characters (and a table cell is one line).
 one_line = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=40)
+# Random text seldom forms markup: pieces of it make tags, closers and emoji codes often.
+PIECES = ["[", "]", "[/", "/", ":", "\\", "=", "red", "bold", "b", "link", "smile", "x", " ", "#", "@"]
+markup_soup = st.lists(st.sampled_from(PIECES) | one_line, min_size=1, max_size=10).map("".join)
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +82,7 @@ def test_a_schema_pattern_in_an_error_keeps_every_character() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(one_line)
+@given(one_line | markup_soup)
 def test_any_text_is_rendered_literally(text: str) -> None:
     check_show_execution(text)
     check_error(text)
