@@ -29,14 +29,12 @@ def _same(value: Any) -> Any:
 
 def _seconds_to_ms(value: Any) -> Any:
     """The seeds give the worker queue TTL in seconds; RabbitMQ (and this setting) in ms."""
-    if isinstance(value, bool):
-        return value  # left for validation to refuse
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        return value  # validation of the target names the bad value
-    if not math.isfinite(seconds):
-        return value
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a number of seconds")
     return round(seconds * 1000)
 
 
@@ -191,11 +189,14 @@ def canonicalize(data: Mapping[str, Any], where: str) -> tuple[dict[str, Any], d
         if not found:
             continue
         _pop(out, alias.split("."))
-        moves = (
-            {f"{alias}.{k}": (f"{spec.target}.{k}", v) for k, v in value.items()}
-            if isinstance(value, Mapping)
-            else {alias: (spec.target, spec.convert(value))}
-        )
+        try:
+            moves = (
+                {f"{alias}.{k}": (f"{spec.target}.{k}", v) for k, v in value.items()}
+                if isinstance(value, Mapping)
+                else {alias: (spec.target, spec.convert(value))}
+            )
+        except ValueError as exc:
+            raise ConveyorError(f"invalid configuration: {alias} in {where}: {exc}") from None
         for shown, (target, converted) in moves.items():
             present, current = _get(out, target.split("."))
             if present and current != converted:

@@ -81,7 +81,7 @@ def test_a_schema_pattern_in_an_error_keeps_every_character() -> None:
     assert rendered(context.err_console, print_error, message) == f"error: {message}\n"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(one_line | markup_soup)
 def test_any_text_is_rendered_literally(text: str) -> None:
     check_show_execution(text)
