@@ -36,7 +36,14 @@ log = structlog.get_logger(__name__)
 
 
 def load_actions(imports: Sequence[str]) -> list[ActionDefinition]:
-    """The core pack plus every action the imported modules register."""
+    """The core pack plus every action the imported modules register. Modules are found
+    in the current directory too, as ``python -m`` would: the ``conveyor`` script's own
+    sys.path starts with its bin directory instead (``--import myactions`` next to
+    ``myactions.py`` must work either way)."""
+    if imports:
+        here = os.getcwd()
+        if not any(os.path.abspath(p or ".") == here for p in sys.path):
+            sys.path.insert(0, here)
     for module in imports:
         try:
             importlib.import_module(module)

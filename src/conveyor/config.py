@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import psycopg
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -22,9 +23,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from conveyor.config_keys import ENV_PREFIX, KeyChecker, canonicalize, check_unknown, env_path, mask_secrets
 from conveyor.domain.errors import ConveyorError
-
-ENV_PREFIX = "CONVEYOR__"
 
 
 class _Section(BaseModel):
@@ -37,6 +37,27 @@ class DatabaseSettings(_Section):
         "conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$", description="schema holding every Conveyor object"
     )
     pool_size: int = Field(10, ge=2, description="connections per process")
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql(cls, url: str | None) -> str | None:
+        """A URL psycopg cannot use would fail later, as a traceback from deep inside."""
+        if url is None or not url.strip():
+            return None
+        scheme, sep, _ = url.partition("://")
+        if sep and scheme.lower() not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"{mask_secrets(url)!r} is not a PostgreSQL URL: it must start with postgresql:// "
+                "(postgresql://user:password@host:5432/dbname) or be a key=value connection string"
+            )
+        try:
+            psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError:
+            raise ValueError(
+                f"{mask_secrets(url)!r} is neither a PostgreSQL URL (postgresql://user:password@host:5432/dbname) "
+                "nor a key=value connection string (host=... dbname=...)"
+            ) from None
+        return url
 
 
 class ExecutorSettings(_Section):
@@ -223,6 +244,12 @@ class Settings(BaseSettings):
     message_queue: MessageQueueSettings = Field(default_factory=MessageQueueSettings)  # type: ignore[arg-type]
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)  # type: ignore[arg-type]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        """The seeds' names for keys (config_keys.ALIASES), for settings built in code."""
+        return canonicalize(data, "the settings")[0] if isinstance(data, Mapping) else data
+
     @property
     def dead_letter_exchange(self) -> str:
         return self.dead_letter.exchange or f"{self.message_queue.prefix}.dlx"
@@ -236,8 +263,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # init carries the YAML file (merged by load_settings); env overrides it.
-        return (_DatabaseUrlSource(settings_cls), env_settings, init_settings)
+        # init carries the YAML file (merged by load_settings); env overrides it. Aliases
+        # are resolved per source so that an env variable overrides a file's alias.
+        return (_DatabaseUrlSource(settings_cls), _Aliased(settings_cls, env_settings), init_settings)
 
 
 class _DatabaseUrlSource(EnvSettingsSource):
@@ -246,6 +274,20 @@ class _DatabaseUrlSource(EnvSettingsSource):
     def __call__(self) -> dict[str, Any]:
         url = os.environ.get("DATABASE_URL")
         return {"database": {"url": url}} if url else {}
+
+
+class _Aliased(PydanticBaseSettingsSource):
+    """Another source with the seeds' key names moved to Conveyor's."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._inner = inner
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ delegates
+
+    def __call__(self) -> dict[str, Any]:
+        return canonicalize(self._inner(), "the environment")[0]
 
 
 class LoadedSettings(BaseModel):
@@ -279,28 +321,52 @@ def load_settings(config_file: str | Path | None = None) -> LoadedSettings:
         if loaded is not None and not isinstance(loaded, dict):
             raise ConveyorError(f"config file {path} must hold a mapping of sections")
         file_data = loaded or {}
+    checker = KeyChecker(Settings)
+    check_unknown(file_data, f"config file {path}", os.environ, checker)
+    file_data, file_aliases = canonicalize(file_data, f"config file {path}")
     try:
         settings = Settings(**file_data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        raise ConveyorError(f"invalid configuration: {problems}") from None
+        raise ConveyorError(f"invalid configuration: {_problems(exc)}") from None
     except SettingsError as exc:  # e.g. a list/mapping value in the environment that is not JSON
         cause = f" ({exc.__cause__})" if exc.__cause__ else ""
         raise ConveyorError(
             f"invalid configuration: {exc}{cause}; list and mapping values set in the environment "
             "must be JSON, e.g. CONVEYOR__WORKER__RUNTIMES='[\"python\"]'"
         ) from None
+    return LoadedSettings(settings=settings, sources=_sources(settings, path, file_data, file_aliases, checker),
+                          config_file=path)  # fmt: skip
 
+
+def _problems(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        if key == "database.url" and os.environ.get("DATABASE_URL"):
+            key = "DATABASE_URL"  # the variable the user set, not the key it feeds
+        problems.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(problems)
+
+
+def _sources(
+    settings: Settings, path: Path | None, file_data: dict[str, Any], file_aliases: dict[str, str], checker: KeyChecker
+) -> dict[str, str]:
+    """Where each key's value came from: DATABASE_URL > CONVEYOR__ variables > the file."""
+    from_env: dict[str, str] = {}
+    for name in os.environ:
+        if name.upper().startswith(ENV_PREFIX):
+            canon, _ = checker.canonical(env_path(name).split("."))
+            from_env[".".join(canon)] = f"env {name}"
     sources: dict[str, str] = {}
     file_keys = set(_flatten(file_data))
     for key in _flatten(settings.model_dump(by_alias=True)):
-        env_name = ENV_PREFIX + key.replace(".", "__").upper()
         if key == "database.url" and os.environ.get("DATABASE_URL"):
             sources[key] = "env DATABASE_URL"
-        elif env_name in os.environ:
-            sources[key] = f"env {env_name}"
+        elif key in from_env:
+            sources[key] = from_env[key]
         elif key in file_keys:
-            sources[key] = f"file {path}"
+            alias = f" (as {file_aliases[key]})" if key in file_aliases else ""
+            sources[key] = f"file {path}{alias}"
         else:
             sources[key] = "default"
-    return LoadedSettings(settings=settings, sources=sources, config_file=path)
+    return sources

@@ -468,7 +468,7 @@ def test_worker_never_picks_up_fails_with_the_seeds_message(
     assert summary(attempts(db, eid)) == [(1, "w-ghost", "not_picked_up")]
     # It was the schedule-to-start monitor, not the dead-worker sweep: the worker is alive.
     assert worker_row(db, "w-ghost")["status"] == "active"
-    executor.wait_for_log("scheduled execution was not picked up in time")
+    executor.wait_for_log(f"Execution {eid} has been scheduled for too long, marking as failed")
 
     waited = procs.run("executions", "get", str(eid))
     assert waited.returncode == 0, describe(waited)

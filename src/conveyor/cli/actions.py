@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, print_json, state
+from conveyor.cli.context import JsonOption, console, line, print_json, state
 
 app = typer.Typer(help="Inspect registered actions.", no_args_is_help=True)
 
@@ -37,7 +37,7 @@ def get(ref: Annotated[str, typer.Argument(help="Action ref")], as_json: bool = 
     if as_json:
         print_json(row)
         return
-    console.print(f"[bold]{row['ref']}[/]  ({row['runner_type']}, runtime {row['runtime']})")
+    console.print(line((row["ref"], "bold"), f"  ({row['runner_type']}, runtime {row['runtime']})"))
     if row["description"]:
-        console.print(row["description"], markup=False)
-    console.print(json.dumps(row["parameters_schema"], indent=2), markup=False, highlight=False)
+        console.print(row["description"])
+    console.print(json.dumps(row["parameters_schema"], indent=2), highlight=False)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from conveyor.cli.context import JsonOption, console, print_json, state
 from conveyor.config import _flatten
+from conveyor.config_keys import mask_secrets
 
 app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 
@@ -20,7 +21,7 @@ def show(as_json: bool = JsonOption) -> None:
     values: dict[str, Any] = _flatten(loaded.settings.model_dump(by_alias=True, mode="json"))
     for key in ("database.url", "message_queue.url"):
         if values.get(key):
-            values[key] = _mask(str(values[key]))
+            values[key] = mask_secrets(str(values[key]))
     if as_json:
         print_json({k: {"value": v, "source": loaded.sources.get(k, "default")} for k, v in values.items()})
         return
@@ -28,13 +29,3 @@ def show(as_json: bool = JsonOption) -> None:
     for key, value in values.items():
         table.add_row(key, repr(value) if not isinstance(value, str) else value, loaded.sources.get(key, "default"))
     console.print(table)
-
-
-def _mask(url: str) -> str:
-    """Hide a password in a URL."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, at, host = rest.rpartition("@")
-    user, colon, _ = creds.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}{at}{host}"

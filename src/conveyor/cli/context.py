@@ -9,16 +9,23 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+import psycopg
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from conveyor.config import LoadedSettings, load_settings
+from conveyor.domain.errors import SchemaTooNewError
 from conveyor.embedded import resolve_url
 from conveyor.sdk import Client
+from conveyor.store.migrate import check_version, known_migrations
 
 # Tables keep their width when piped; errors are never wrapped mid-sentence.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, soft_wrap=True)
+# Neither console interprets markup nor emoji codes: what they print is user data
+# (action refs, parameters, results, error messages quoting schemas) that may hold
+# "[/x]" or ":smile:". Styling is explicit, with ``Text`` (see ``styled``).
+console = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)
 
 
 class State:
@@ -38,6 +45,36 @@ class State:
 
 state = State()
 
+# What a query against a database that lacks (part of) the schema fails with.
+MISSING_SCHEMA = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.InvalidSchemaName,
+)
+
+
+def schema_problem() -> str | None:
+    """Why the configured database cannot serve this Conveyor, when a query found a table
+    (function, column) missing; ``None`` when its schema is up to date (then it is a bug)."""
+    settings = state.loaded.settings
+    schema = settings.database.schema_name
+    try:
+        version = check_version(resolve_url(settings), schema)
+    except SchemaTooNewError as exc:
+        return str(exc)
+    except psycopg.Error:
+        return None
+    newest = known_migrations()[-1].version
+    if version == 0:
+        return f"the database has no Conveyor schema {schema!r} (it was never migrated): run `conveyor migrate` first"
+    if version < newest:
+        return (
+            f"schema {schema!r} is at version {version}, this Conveyor needs {newest}: "
+            "run `conveyor migrate` with this version first"
+        )
+    return None
+
 
 def _default(value: Any) -> Any:
     if isinstance(value, datetime):
@@ -51,6 +88,16 @@ def _default(value: Any) -> Any:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2) + "\n")
+
+
+def styled(text: str, style: str) -> Text:
+    """``text`` in ``style``, taken literally (never parsed as markup)."""
+    return Text(text, style=style)
+
+
+def line(*parts: str | Text | tuple[str, str]) -> Text:
+    """One line from literal pieces: plain strings, ``Text``, or ``(text, style)``."""
+    return Text.assemble(*parts)
 
 
 def age(seconds: float | None) -> str:

@@ -20,8 +20,9 @@ from typing import Annotated, Any
 import psycopg
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from conveyor.cli.context import JsonOption, console, err_console, print_json, state, when
+from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state, styled, when
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.embedded import resolve_url
@@ -111,18 +112,10 @@ class Filters:
 def _connect() -> Iterator[psycopg.Connection[Row]]:
     settings = state.loaded.settings
     schema = settings.database.schema_name
+    # A missing table (a database never migrated, or by an older Conveyor) is reported by
+    # main: cli.context.schema_problem.
     with connect_sync(resolve_url(settings), schema, APPLICATION_NAME, autocommit=True) as conn:
-        try:
-            yield conn
-        except psycopg.errors.UndefinedTable as exc:
-            raise _no_table(schema) from exc
-
-
-def _no_table(schema: str) -> ConveyorError:
-    return ConveyorError(
-        f"schema {schema!r} has no dead_letter table: it was migrated by an older Conveyor; "
-        "run `conveyor migrate` with this version first"
-    )
+        yield conn
 
 
 def _resolution(value: str | None) -> str:
@@ -139,9 +132,9 @@ _RESOLUTION_STYLE = {
 }
 
 
-def _styled(resolution: str | None) -> str:
+def _styled(resolution: str | None) -> Text:
     text = _resolution(resolution)
-    return f"[{_RESOLUTION_STYLE.get(text, 'white')}]{text}[/]"
+    return styled(text, _RESOLUTION_STYLE.get(text, "white"))
 
 
 # -- list -----------------------------------------------------------------------------------
@@ -209,9 +202,9 @@ def show(
         print_json(row)
         return
     console.print(
-        f"[bold]dead letter {row['id']}[/]  {row['reason']}  {_styled(row['resolution'])}  "
-        f"({row['transport']} transport)"
-    )
+        line((f"dead letter {row['id']}", "bold"), f"  {row['reason']}  ", _styled(row["resolution"]),
+             f"  ({row['transport']} transport)")
+    )  # fmt: skip
     for key, value in row.items():
         if key in ("payload", "headers"):
             continue
@@ -219,11 +212,11 @@ def show(
             value = _resolution(value)
         elif key in ("first_seen", "last_seen", "resolved") and value is not None:
             value = f"{when(value)}  ({value.isoformat()})"
-        console.print(f"  {key:<13} {_text(value)}", markup=False, highlight=False)
+        console.print(f"  {key:<13} {_text(value)}", highlight=False)
     for key in ("payload", "headers"):
         console.print(f"  {key}:", highlight=False)
         text = textwrap.indent(json.dumps(row[key], indent=2, sort_keys=True), "    ")
-        console.print(text, markup=False, highlight=False)
+        console.print(text, highlight=False)
 
 
 # -- replay -----------------------------------------------------------------------------------
@@ -242,8 +235,6 @@ async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed
                 outcome = await replay_one(conn, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
             _report(outcome)
             outcomes.append(outcome)
-    except psycopg.errors.UndefinedTable as exc:
-        raise _no_table(schema) from exc
     finally:
         await pool.close()
     return outcomes
@@ -251,7 +242,7 @@ async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed
 
 def _report(outcome: Outcome) -> None:
     if outcome.error:
-        err_console.print(f"[red]error:[/] {outcome.error}", highlight=False)
+        err_console.print(line(("error:", "red"), f" {outcome.error}"), highlight=False)
     elif outcome.skipped:
         console.print(f"dead letter {outcome.id}: skipped ({outcome.skipped})", highlight=False)
     else:

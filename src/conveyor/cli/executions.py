@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from conveyor.cli.context import JsonOption, console, print_json, state, when
+from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
 from conveyor.cli.policies import describe_admission
 from conveyor.domain.models import Execution
 from conveyor.domain.status import ExecutionStatus
@@ -27,8 +28,8 @@ _STYLE = {
 }
 
 
-def _status(status: str) -> str:
-    return f"[{_STYLE.get(status, 'white')}]{status}[/]"
+def _status(status: str) -> Text:
+    return styled(status, _STYLE.get(status, "white"))
 
 
 @app.command("list")
@@ -45,13 +46,17 @@ def list_(
     if as_json:
         print_json(rows)
         return
+    console.print(executions_table(rows))
+
+
+def executions_table(rows: list[Execution]) -> Table:
     table = Table("id", "action", "status", "attempt", "worker", "created", "duration")
     for e in rows:
         duration = f"{(e.ended - e.started).total_seconds():.3f}s" if e.started and e.ended else "-"
         table.add_row(
             str(e.id), e.action_ref, _status(e.status), str(e.attempt), e.worker_name or "-", when(e.created), duration
         )
-    console.print(table)
+    return table
 
 
 @app.command()
@@ -84,17 +89,17 @@ def cancel(
     if status == "canceling":
         console.print(f"execution {execution_id} canceling: its worker is stopping it")
     else:
-        console.print(f"execution {execution_id} {_status(status)}")
+        console.print(line(f"execution {execution_id} ", _status(status)))
 
 
 def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> None:
-    console.print(f"[bold]execution {e.id}[/]  {e.action_ref}  {_status(e.status)}  attempt {e.attempt}")
+    console.print(
+        line((f"execution {e.id}", "bold"), "  ", e.action_ref, "  ", _status(e.status), f"  attempt {e.attempt}")
+    )
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
     if admission is not None:
-        console.print(
-            f"  {describe_admission(admission)} (since {when(admission['since'])})", markup=False, highlight=False
-        )
+        console.print(f"  {describe_admission(admission)} (since {when(admission['since'])})", highlight=False)
     if isinstance(e.result, dict):
         for key in ("exit_code", "duration", "error", "data"):
             if e.result.get(key) is not None:
@@ -104,7 +109,7 @@ def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> Non
             if text:
                 flag = " (truncated)" if e.result.get(f"{stream}_truncated") else ""
                 console.print(f"  {stream}{flag}:", highlight=False)
-                console.print(text.rstrip("\n"), markup=False, highlight=False)
+                console.print(text.rstrip("\n"), highlight=False)
     if e.attempts:
         table = Table("attempt", "worker", "scheduled", "started", "ended", "outcome", "error", title="attempts")
         for a in e.attempts:

@@ -9,7 +9,7 @@ import psycopg
 import typer
 
 from conveyor.cli import actions, config_cmd, dead_letters, executions, policies, run, services, tokens, workers
-from conveyor.cli.context import err_console, state
+from conveyor.cli.context import MISSING_SCHEMA, err_console, line, schema_problem, state
 from conveyor.domain.errors import ConveyorError
 
 app = typer.Typer(
@@ -49,6 +49,8 @@ def _user_facing(exc: BaseException) -> str | None:
     """The message for an error a user can act on, looking inside task-group errors."""
     if isinstance(exc, ConveyorError):
         return str(exc)
+    if isinstance(exc, MISSING_SCHEMA):
+        return schema_problem()
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach the database: {str(exc).strip()}"
     if isinstance(exc, BaseExceptionGroup):
@@ -62,9 +64,14 @@ def _user_facing(exc: BaseException) -> str | None:
 def main() -> None:
     try:
         app()
-    except (ConveyorError, psycopg.OperationalError, BaseExceptionGroup) as exc:
+    except (ConveyorError, psycopg.OperationalError, *MISSING_SCHEMA, BaseExceptionGroup) as exc:
         message = _user_facing(exc)
         if message is None:
             raise
-        err_console.print(f"[red]error:[/] {message}", highlight=False)
+        print_error(message)
         sys.exit(1)
+
+
+def print_error(message: str) -> None:
+    """One line on stderr, the message as it is (it may quote "[a-z]" from a schema)."""
+    err_console.print(line(("error:", "red"), f" {message}"), highlight=False)

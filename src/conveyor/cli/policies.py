@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, err_console, print_json, state
+from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state
 from conveyor.sdk import Client
 
 app = typer.Typer(help="Inspect and manage admission policies (concurrency limits).", no_args_is_help=True)
@@ -74,7 +74,7 @@ def set_(
         notes = _notes(client, target, parameters)
     console.print(f"policy {target} set: {summary(policy)}", highlight=False)
     for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console.print(line(("note:", "yellow"), f" {note}"), highlight=False)
 
 
 def _notes(client: Client, target: str, parameters: list[str]) -> list[str]:

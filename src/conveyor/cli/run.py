@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +13,27 @@ from conveyor.cli.executions import show_execution
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.status import ExecutionStatus
+
+
+class _NotFinite(ValueError):
+    """A number JSON cannot carry (NaN, Infinity, or beyond a double's range)."""
+
+
+def _no_constant(text: str) -> Any:
+    raise _NotFinite(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise _NotFinite(text)
+    return value
+
+
+def _json(raw: str) -> Any:
+    """Strict JSON: Python's json module takes NaN and Infinity (and turns 1e400 into
+    inf), none of which JSON, jsonb or the API can carry."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
 
 
 def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
@@ -29,7 +51,15 @@ def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]
             params[key] = raw
             continue
         try:
-            params[key] = json.loads(raw)
+            params[key] = _json(raw)
+        except _NotFinite as exc:
+            if "string" in types:  # the text is a valid value as it is
+                params[key] = raw
+                continue
+            raise ConveyorError(
+                f"parameter {key}: {exc} is not a number JSON can carry (NaN, Infinity and numbers beyond "
+                "about 1.8e308 are refused); give a finite number"
+            ) from None
         except json.JSONDecodeError:
             params[key] = raw
     return params

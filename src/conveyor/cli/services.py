@@ -9,7 +9,7 @@ import typer
 
 from conveyor import embedded
 from conveyor.app import Started, exit_if_actions_linger, prepare_database, serve
-from conveyor.cli.context import console, err_console, state
+from conveyor.cli.context import console, err_console, line, state
 from conveyor.config import Settings
 from conveyor.logs import configure
 
@@ -31,13 +31,14 @@ def _run(
     def ready(started: Started) -> None:
         if not banner:
             return
-        lines = [f"[bold green]Conveyor is up[/] (worker {started.worker_name})."]
+        lines: list[str] = []
         if started.api_url:
             lines.append(f"  dashboard and API: {started.api_url}  (API docs: {started.api_url}/docs)")
         if started.admin_token:
             lines.append("  an admin token was created (shown once; it opens the dashboard):")
         lines.append("In another terminal:\n  conveyor run core.echo message=hello --wait\n  conveyor executions list")
         lines.append("Press Ctrl-C to stop.")
+        err_console.print(line(("Conveyor is up", "bold green"), f" (worker {started.worker_name})."))
         err_console.print("\n".join(lines))
         if started.admin_token:
             print(started.admin_token, flush=True)  # alone on its line on stdout, for scripts

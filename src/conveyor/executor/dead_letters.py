@@ -60,6 +60,9 @@ class DeadLetterHandler:
     async def handle(self, dead_letter: m.DeadLetter) -> str:
         started = time.monotonic()
         row = self._params(dead_letter)
+        if row["execution"] is not None:  # the seeds' line; "dead letter handled" says how it ended
+            log.warning(f"Received dead letter for execution {row['execution']}", execution_id=row["execution"],
+                        reason=dead_letter.reason, queue=dead_letter.queue)  # fmt: skip
         async with self._pool.connection() as conn, conn.transaction():
             record = await (await conn.execute(Q["record_dead_letter"], row)).fetchone()
             assert record is not None

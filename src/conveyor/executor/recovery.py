@@ -78,8 +78,11 @@ class Recovery:
                 f"Worker {w['name']} (ID: {w['id']}) {reason}, marking as inactive",
                 worker=w["name"], worker_id=w["id"], heartbeat_age=round(age, 3) if age is not None else None,
             )  # fmt: skip
-        if dead:
-            log.info(f"Deactivated {len(dead)} worker(s)", count=len(dead))
+        stale = sum(1 for w in dead if not w["lock_lost"])  # the seeds' summary line counts these
+        if stale:
+            log.info(f"Deactivated {stale} worker(s) with stale heartbeats", count=stale)
+        if len(dead) > stale:
+            log.info(f"Deactivated {len(dead) - stale} worker(s) whose process is gone", count=len(dead) - stale)
         for b in back:
             log.info("handed back scheduled execution of a lost worker", execution_id=b["id"], attempt=b["attempt"],
                      worker=b["worker_name"], worker_id=b["worker"])  # fmt: skip
@@ -111,8 +114,10 @@ class Recovery:
         by_id = {row["id"]: row for row in overdue}
         for m in moved:
             was = by_id[m["id"]]
-            log.warning("scheduled execution was not picked up in time", execution_id=m["id"], attempt=was["attempt"],
-                        worker=was["worker_name"], worker_id=was["worker"], status=m["status"])  # fmt: skip
+            then = "marking as failed" if m["status"] == "failed" else "moving it to another worker"
+            log.warning(f"Execution {m['id']} has been scheduled for too long, {then}", execution_id=m["id"],
+                        attempt=was["attempt"], worker=was["worker_name"], worker_id=was["worker"],
+                        status=m["status"])  # fmt: skip
         return {"rescheduled": len(moved) - len(failed), "failed": len(failed)}
 
 

@@ -22,6 +22,7 @@ from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.queries import Q
+from conveyor.transport import messages as m
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -61,12 +62,36 @@ class ExecutorService:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
+        self._log_monitors()
         try:
             await self._run(stop)
         finally:
             if self._duty_locks is not None:
                 await self._duty_locks.close()
         log.info("executor stopped", executor=self.executor_id)
+
+    def _log_monitors(self) -> None:
+        """The seeds' startup lines: what the troubleshooting steps grep for."""
+        settings = self.settings
+        sweep, staleness = settings.recovery.sweep_interval, settings.worker.staleness
+        log.info("Starting worker heartbeat monitor...")
+        # Each worker records its own threshold (stale_after); this is the one of this config.
+        log.info(f"Worker heartbeat monitor started (check interval: {sweep:g}s, staleness threshold: {staleness:g}s)",
+                 check_interval=sweep, staleness_threshold=staleness)  # fmt: skip
+        cfg = settings.executor
+        log.info(f"Execution timeout monitor started (check interval: {cfg.timeout_check_interval:g}s, "
+                 f"scheduled timeout: {cfg.scheduled_timeout:g}s)")  # fmt: skip
+        dl = settings.dead_letter
+        if not dl.enabled:
+            log.warning("Dead letter handler disabled (dead_letter.enabled: false): dead letters are not consumed")
+        elif self._transport_kind == "rabbitmq":
+            dlq = m.Names(settings.message_queue.prefix, settings.dead_letter_exchange).dlq
+            log.info(f"Dead letter handler enabled (exchange: {settings.dead_letter_exchange}, queue: {dlq})",
+                     transport="rabbitmq")  # fmt: skip
+        else:
+            ttl = settings.message_queue.rabbitmq.worker_queue_ttl_ms / 1000
+            log.info(f"Dead letter handler enabled (dispatches older than {ttl:g}s expire; "
+                     f"checked every {dl.check_interval:g}s)", transport="postgres")  # fmt: skip
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
