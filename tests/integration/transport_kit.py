@@ -1,0 +1,125 @@
+"""Shared by the tests of the transports (contract, wake-ups): recording doorbells, a
+running transport, workers and dispatches made as the scheduler makes them, and one
+polling helper with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.config import Settings
+from conveyor.store.queries import Q
+from conveyor.transport import make_transport
+from conveyor.transport.base import Doorbell, Transport
+
+TIMEOUT = 20.0
+
+
+class RecordingBell(Doorbell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rings: list[str] = []
+
+    def ring(self, payload: str = "") -> None:
+        self.rings.append(payload)
+        super().ring(payload)
+
+    def ids(self) -> list[int]:
+        return [int(p) for ring in self.rings for p in ring.split(",") if p]
+
+
+async def until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:  # noqa: ASYNC109
+    """Poll ``predicate`` (sync or async) until truthy, with a deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+def declare_route(transport_kind: str, db_url: str) -> None:
+    """The database publishes for the transport under test (as services declare at start)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT conveyor.set_transport_route(%s)", (transport_kind,))
+
+
+def transport_settings(transport_kind: str, request: pytest.FixtureRequest) -> Settings:
+    """Settings of the transport under test, with short intervals."""
+    mq: dict[str, Any] = {}
+    if transport_kind == "rabbitmq":
+        mq = {"url": request.getfixturevalue("rabbitmq_url"), "prefix": request.getfixturevalue("mq_prefix")}
+    return Settings(
+        transport=transport_kind,
+        message_queue={**mq, "rabbitmq": {"worker_queue_ttl_ms": 600, "worker_queue_expires_ms": 60_000}},
+        dead_letter={"check_interval": 0.1, "max_deliveries": 3},
+        executor={"poll_interval": 0.2, "scheduled_timeout_reschedules": 1, "timeout_check_interval": 3600},
+        recovery={"sweep_interval": 3600},
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(transport: Transport) -> AsyncIterator[Transport]:
+    ready = asyncio.Event()
+    task = asyncio.create_task(transport.run(ready))
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await ready.wait()
+            while True:  # the broker too (services need not wait for it)
+                if transport.connected:
+                    break
+                await asyncio.sleep(0.02)
+        yield transport
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def new_transport(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], *, relay: bool) -> Transport:
+    return make_transport(settings, db_url, pool, relay=relay, application_name="contract-test")
+
+
+async def make_worker(pool: AsyncConnectionPool[Any], name: str) -> int:
+    async with pool.connection() as conn:
+        row = await (
+            await conn.execute(
+                "INSERT INTO worker (name, runtimes, actions, capacity, stale_after, lock_grace, lock_epoch,"
+                " last_heartbeat) VALUES (%s, '{python}', '{core.noop}', 10, 3600, 1, pg_postmaster_start_time(),"
+                " now()) RETURNING id",
+                (name,),
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def make_dispatches(conn: Any, worker: int, count: int = 1) -> list[int]:
+    """Executions moved requested -> scheduling -> scheduled onto ``worker`` (attempt 1),
+    as the scheduler does, in ``conn``'s transaction."""
+    rows = await (
+        await conn.execute(
+            "INSERT INTO execution (action_ref) SELECT 'core.noop' FROM generate_series(1, %s) RETURNING id", (count,)
+        )
+    ).fetchall()
+    ids = [r["id"] for r in rows]
+    await conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = ANY(%s)", (ids,))
+    await conn.execute(Q["assign"], {"ids": ids, "workers": [worker] * count, "executor": "t"})
+    return ids
+
+
+async def execution(pool: AsyncConnectionPool[Any], eid: int) -> dict[str, Any]:
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT * FROM execution WHERE id = %s", (eid,))).fetchone()
+    assert row is not None
+    return dict(row)
