@@ -199,7 +199,7 @@ class Client:
     ) -> list[ExecutionSummary]:
         """Newest first, as summaries (no full parameters or result: ``get`` has them)."""
         params = {"statuses": [status] if status else None, "action": action, "worker": None, "since": None,
-                  "until": None, "before": before, "limit": limit}  # fmt: skip
+                  "until": None, "before": before, "limit": limit, "with_result": True}  # fmt: skip
         rows = self.conn.execute(Q["api_list_executions"], params).fetchall()
         return [ExecutionSummary(**{**summary_fields(r), "status": ExecutionStatus(r["status"])}) for r in rows]
 

@@ -120,7 +120,7 @@ async def overview(conn: Any) -> dict[str, Any]:
 async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
     statuses = [filters.status] if filters.status else None
     params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": None,
-              "until": None, "before": filters.before, "limit": PAGE}  # fmt: skip
+              "until": None, "before": filters.before, "limit": PAGE, "with_result": False}  # fmt: skip
     rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
     older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
     return {"executions": rows, "older": older}

@@ -91,7 +91,7 @@ async def list_executions(
     """Newest first, as summaries: a preview of the parameters, the result without its
     stdout, stderr and data, and sizes. ``GET /api/v1/executions/{id}`` has them in full."""
     params = {"statuses": [s.value for s in status_] if status_ else None, "action": action, "worker": worker,
-              "since": since, "until": until, "before": before, "limit": limit}  # fmt: skip
+              "since": since, "until": until, "before": before, "limit": limit, "with_result": True}  # fmt: skip
     async with ctx.pool.connection() as conn:
         rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
     items = [summary_fields(r) for r in rows]
