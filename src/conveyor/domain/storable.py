@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 UTF8, BASE64 = "utf-8", "base64"
+OUTPUT_LIMIT = 10 * 1024 * 1024  # worker.output_limit's default
 ERROR_LIMIT = 8 * 1024  # characters of an error message kept (the full traceback is in stderr)
 
 # A ``\u0000`` escape in JSON text that json.dumps wrote: preceded by an even number of

@@ -13,7 +13,15 @@ from typing import Any
 
 from conveyor.actions.registry import ActionDefinition
 from conveyor.domain.models import ActionResult
-from conveyor.domain.storable import ERROR_LIMIT, Unstorable, capped_text, clean_text, describe, stored_value
+from conveyor.domain.storable import (
+    ERROR_LIMIT,
+    OUTPUT_LIMIT,
+    Unstorable,
+    capped_text,
+    clean_text,
+    describe,
+    stored_value,
+)
 
 
 class _TimedOut(Exception):
@@ -63,7 +71,7 @@ async def run_python(
     *,
     timeout: float,  # noqa: ASYNC109 - a timed-out run is a result, not an exception
     executor: concurrent.futures.ThreadPoolExecutor | None = None,
-    output_limit: int = 10 * 1024 * 1024,
+    output_limit: int = OUTPUT_LIMIT,
 ) -> ActionResult:
     """Call the action's function with the parameters as keyword arguments. Never raises
     except ``asyncio.CancelledError``; ``executor=None`` means the loop's default pool.
