@@ -108,6 +108,11 @@ def test_unstorable_results_do_not_take_the_worker_down(procs: Procs, env: dict[
         assert base64.b64decode(result["stdout"]) == raw
         echo_runs()
 
+    # The issue's own reproduction, through the command line.
+    shown = procs.run("run", "core.local", "cmd=printf 'a\\0b'", "--wait", "--timeout", "30")
+    assert shown.returncode == 0, describe(shown)
+    assert "stdout (not UTF-8 text: stored as base64, shown with \\xNN escapes):\na\\x00b" in shown.stdout
+
     # The worker kept its standing all along: heartbeats went on, nothing was recovered.
     eventually(lambda: _heartbeat(db) > first_beat, timeout=10, message=procs.logs)
     assert db.execute("SELECT count(*) AS n FROM worker").fetchone()["n"] == 1
