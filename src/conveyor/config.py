@@ -25,6 +25,7 @@ from pydantic_settings import (
 
 from conveyor.config_keys import ENV_PREFIX, KeyChecker, canonicalize, check_unknown, env_path, mask_secrets
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.storable import OUTPUT_LIMIT
 
 
 class _Section(BaseModel):
@@ -110,7 +111,9 @@ class WorkerSettings(_Section):
     poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
     execution_timeout: float = Field(600, gt=0, description="default per-action execution timeout")
     kill_grace: float = Field(5, ge=0, description="seconds between SIGTERM and SIGKILL on timeout")
-    output_limit: int = Field(10 * 1024 * 1024, ge=1024, description="bytes of stdout/stderr kept")
+    output_limit: int = Field(
+        OUTPUT_LIMIT, ge=1024, description="bytes kept of each of stdout, stderr and a returned value (its JSON text)"
+    )
     runtimes: list[str] = Field(default_factory=lambda: ["python", "shell"])
     imports: list[str] = Field(default_factory=list, description="modules whose actions this worker offers")
 

@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from conveyor import verbs
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
-from conveyor.domain.models import Attempt, Execution, WorkerInfo
+from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
@@ -138,11 +138,12 @@ class Client:
 
     def executions(
         self, *, status: str | None = None, action: str | None = None, limit: int = 50, before: int | None = None
-    ) -> list[Execution]:
-        rows = self.conn.execute(
-            Q["list_executions"], {"status": status, "action": action, "limit": limit, "before": before}
-        ).fetchall()
-        return [_execution(r) for r in rows]
+    ) -> list[ExecutionSummary]:
+        """Newest first, as summaries (no full parameters or result: ``get`` has them)."""
+        params = {"statuses": [status] if status else None, "action": action, "worker": None, "since": None,
+                  "until": None, "before": before, "limit": limit, "with_result": True}  # fmt: skip
+        rows = self.conn.execute(Q["api_list_executions"], params).fetchall()
+        return [ExecutionSummary(**{**summary_fields(r), "status": ExecutionStatus(r["status"])}) for r in rows]
 
     def workers(self) -> list[WorkerInfo]:
         return [WorkerInfo(**r) for r in self.conn.execute(Q["list_workers"]).fetchall()]

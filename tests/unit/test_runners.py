@@ -310,16 +310,21 @@ async def test_python_return_value_is_stored_as_json() -> None:
     assert result.data == {"1": [1, 2]}
 
 
-async def test_python_non_serializable_return_falls_back_to_repr() -> None:
+async def test_python_value_that_is_not_json_fails_the_run_with_the_reason() -> None:
     class Thing:
         def __repr__(self) -> str:
             return "<thing>"
 
     result = await run_python(definition(Thing), {}, timeout=5)
-    assert result.succeeded
-    assert result.data == "<thing>"
+    assert not result.succeeded
+    assert result.data is None
+    assert result.error == (
+        "the returned value cannot be stored: it has no JSON form (Object of type Thing is not JSON serializable)"
+    )
     result = await run_python(definition(lambda: float("nan")), {}, timeout=5)
-    assert result.data == "nan"
+    assert not result.succeeded
+    assert result.error is not None
+    assert "Out of range float values are not JSON compliant" in result.error
 
 
 async def test_python_action_without_code() -> None:

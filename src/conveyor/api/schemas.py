@@ -60,8 +60,35 @@ class ExecutionOut(BaseModel):
     admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
 
 
+class ExecutionSummaryOut(BaseModel):
+    """An execution in a list: its parameters and result can be megabytes each, so a
+    summary carries a preview and sizes; ``GET /api/v1/executions/{id}`` has them in full."""
+
+    id: int
+    action_ref: str
+    status: str
+    worker: int | None
+    worker_name: str | None
+    executor: str | None
+    parent: int | None
+    enforcement: int | None
+    attempt: int
+    created: datetime
+    updated: datetime
+    scheduled: datetime | None
+    started: datetime | None
+    ended: datetime | None
+    parameters_preview: str = Field(..., description="the first 200 characters of the parameters' JSON text")
+    parameters_truncated: bool = Field(..., description="the parameters' JSON text is longer than the preview")
+    parameters_size: int = Field(..., description="bytes the parameters take as stored (compressed)")
+    result_summary: dict[str, Any] | None = Field(
+        None, description="the result without stdout, stderr and data (error cut to 300 characters)"
+    )
+    result_size: int | None = Field(None, description="bytes the result takes as stored (compressed); null: none yet")
+
+
 class ExecutionPage(BaseModel):
-    items: list[ExecutionOut]
+    items: list[ExecutionSummaryOut]
     next_cursor: int | None = Field(None, description="pass as `before` for the next (older) page")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -12,8 +13,9 @@ from rich.text import Text
 
 from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
 from conveyor.cli.policies import describe_admission
-from conveyor.domain.models import Execution
+from conveyor.domain.models import Execution, ExecutionSummary
 from conveyor.domain.status import ExecutionStatus
+from conveyor.domain.storable import BASE64, readable
 
 app = typer.Typer(help="Inspect and cancel executions.", no_args_is_help=True)
 
@@ -49,7 +51,7 @@ def list_(
     console.print(executions_table(rows))
 
 
-def executions_table(rows: list[Execution]) -> Table:
+def executions_table(rows: Sequence[Execution | ExecutionSummary]) -> Table:
     table = Table("id", "action", "status", "attempt", "worker", "created", "duration")
     for e in rows:
         duration = f"{(e.ended - e.started).total_seconds():.3f}s" if e.started and e.ended else "-"
@@ -103,13 +105,20 @@ def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> Non
     if isinstance(e.result, dict):
         for key in ("exit_code", "duration", "error", "data"):
             if e.result.get(key) is not None:
-                console.print(f"  {key}: {json.dumps(e.result[key])}", highlight=False)
+                cut = key == "data" and e.result.get("data_truncated")
+                flag = " (truncated: the start of its JSON text)" if cut else ""
+                console.print(f"  {key}{flag}: {json.dumps(e.result[key])}", markup=False, highlight=False)
         for stream in ("stdout", "stderr"):
             text = e.result.get(stream)
-            if text:
-                flag = " (truncated)" if e.result.get(f"{stream}_truncated") else ""
-                console.print(f"  {stream}{flag}:", highlight=False)
-                console.print(text.rstrip("\n"), highlight=False)
+            if text and isinstance(text, str):
+                encoding = e.result.get(f"{stream}_encoding")
+                flags = [
+                    *(["truncated"] if e.result.get(f"{stream}_truncated") else []),
+                    *(["not UTF-8 text: stored as base64, shown with \\xNN escapes"] if encoding == BASE64 else []),
+                ]
+                note = f" ({'; '.join(flags)})" if flags else ""
+                console.print(f"  {stream}{note}:", markup=False, highlight=False)
+                console.print(readable(text, encoding).rstrip("\n"), markup=False, highlight=False)
     if e.attempts:
         table = Table("attempt", "worker", "scheduled", "started", "ended", "outcome", "error", title="attempts")
         for a in e.attempts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -44,6 +45,50 @@ class Execution:
     attempts: tuple[Attempt, ...] = field(default=())
 
 
+# A summary's share of what can be large: the first characters of the parameters' JSON
+# text, and of the result's error.
+PREVIEW, ERROR_PREVIEW = 200, 300
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSummary:
+    """An execution as lists show it: without its full parameters and result (which can be
+    megabytes each); ``Client.get`` and ``GET /api/v1/executions/{id}`` have those."""
+
+    id: int
+    action_ref: str
+    status: ExecutionStatus
+    worker: int | None
+    worker_name: str | None
+    executor: str | None
+    parent: int | None
+    enforcement: int | None
+    attempt: int
+    created: datetime
+    updated: datetime
+    scheduled: datetime | None
+    started: datetime | None
+    ended: datetime | None
+    parameters_preview: str  # the first PREVIEW characters of their JSON text
+    parameters_truncated: bool  # ... and there is more
+    parameters_size: int  # bytes as stored (compressed)
+    result_summary: dict[str, JSON] | None  # the result without stdout, stderr and data
+    result_size: int | None  # bytes as stored (compressed); None: no result yet
+
+
+def summary_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of an :class:`ExecutionSummary` from an ``api_list_executions`` row."""
+    fields = {k: v for k, v in row.items() if k != "parameters_head"}
+    head: str = row["parameters_head"]
+    fields["parameters_preview"] = head[:PREVIEW]
+    fields["parameters_truncated"] = len(head) > PREVIEW
+    summary = row["result_summary"]
+    if isinstance(summary, dict) and isinstance(summary.get("error"), str) and len(summary["error"]) > ERROR_PREVIEW:
+        summary = {**summary, "error": summary["error"][:ERROR_PREVIEW] + "…"}
+    fields["result_summary"] = summary
+    return fields
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     id: int
@@ -65,7 +110,8 @@ class WorkerInfo:
 
 @dataclass(frozen=True, slots=True)
 class ActionResult:
-    """The result shape every runner produces (the seeds' system's shape, plus truncation flags)."""
+    """The result shape every runner produces (the seeds' system's shape, plus truncation
+    flags and the output encodings): every string in it storable (``domain/storable.py``)."""
 
     succeeded: bool
     exit_code: int | None
@@ -77,6 +123,9 @@ class ActionResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     timed_out: bool = False
+    stdout_encoding: str = "utf-8"  # or "base64": output that is not UTF-8 text, kept exactly
+    stderr_encoding: str = "utf-8"
+    data_truncated: bool = False  # data is then the first output_limit bytes of its JSON text
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -89,4 +138,7 @@ class ActionResult:
             "error": self.error,
             "stdout_truncated": self.stdout_truncated,
             "stderr_truncated": self.stderr_truncated,
+            "stdout_encoding": self.stdout_encoding,
+            "stderr_encoding": self.stderr_encoding,
+            "data_truncated": self.data_truncated,
         }

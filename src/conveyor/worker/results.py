@@ -17,6 +17,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
 from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.status import ExecutionStatus
+from conveyor.domain.storable import ERROR_LIMIT, clean_text
 from conveyor.store.queries import Q
 from conveyor.worker.instrument import observe_result
 
@@ -24,6 +26,11 @@ log = structlog.get_logger(__name__)
 
 # Completions are written in batches of at most this many rows per statement.
 _BATCH = 500
+# What a write raises because of the data it carries, not because the database is away:
+# retried as it is, it would fail for ever. (The runners make results storable first;
+# this is the net under them.)
+_REFUSED = (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, psycopg.InternalError,
+            UnicodeError, ValueError, TypeError, RecursionError)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,13 @@ class Finished:
     result: dict[str, Any]
     error: str | None
     action: str | None = None  # the action's ref, for metrics
+
+    def refused(self, reason: str) -> Finished:
+        """This attempt ended failed because its result could not be stored, and why."""
+        error = clean_text(f"the result cannot be stored: {reason}", ERROR_LIMIT)
+        result = {"succeeded": False, "error": error, "duration": self.result.get("duration")}
+        decision = Decision(ExecutionStatus.FAILED, None, error)  # never retried: it would be refused again
+        return Finished(self.execution_id, self.attempt, AttemptEnd.FAILED, decision, result, error, self.action)
 
 
 class ResultWriter:
@@ -67,10 +81,32 @@ class ResultWriter:
             batch = [await self._queue.get()]
             while len(batch) < _BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            await self._write(batch)
+            await self._write_each(batch)
             for f in batch:
                 self.pending.discard(f.execution_id)
                 self._queue.task_done()
+
+    async def _write_each(self, batch: list[Finished]) -> None:
+        """Write the batch; when its data is refused, each row on its own, so that a result
+        that cannot be stored neither holds back nor takes down the others. That one ends
+        failed, with the reason (not retried: the same result would be refused again)."""
+        try:
+            await self._write(batch)
+            return
+        except _REFUSED as exc:
+            if len(batch) > 1:
+                for f in batch:
+                    await self._write_each([f])
+                return
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        f = batch[0]
+        log.error("result cannot be stored; the execution fails", execution_id=f.execution_id, attempt=f.attempt,
+                  worker=self._worker, error=clean_text(reason, ERROR_LIMIT))  # fmt: skip
+        try:
+            await self._write([f.refused(reason)])
+        except _REFUSED as exc:  # not even a few words: leave the row to recovery, keep the worker
+            log.error("cannot record the execution failed either", execution_id=f.execution_id,
+                      error=clean_text(str(exc), ERROR_LIMIT))  # fmt: skip
 
     async def _write(self, batch: list[Finished]) -> None:
         delay = 0.1
@@ -97,6 +133,8 @@ class ResultWriter:
                     written = {r["id"] for r in await cursor.fetchall()}
                 break
             except psycopg.OperationalError as exc:
+                if isinstance(exc, _REFUSED):  # a statement over a limit of the server's
+                    raise
                 log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -263,7 +263,8 @@ class WorkerService:
         if definition is None:
             error = f"action {row['action_ref']} has no code on worker {self.name}"
             return ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
-        return await run_python(definition, row["parameters"], timeout=timeout, executor=self._threads)
+        return await run_python(definition, row["parameters"], timeout=timeout, executor=self._threads,
+                                output_limit=self.cfg.output_limit)  # fmt: skip
 
     # -- losing work, releasing it ---------------------------------------------------
 

@@ -8,13 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from conveyor.api.dashboard.web import pretty
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.status import TERMINAL, ExecutionStatus
+from conveyor.domain.storable import BASE64, readable
 from conveyor.store.queries import Q
 
 STATUSES = [s.value for s in ExecutionStatus]
 FINISHED = {s.value for s in TERMINAL}
 PAGE = 50
+SHOWN = 64 * 1024  # characters of one text (output, value, parameters) an execution's page shows
+_SHOWN_APART = {"stdout", "stderr", "data", "error"}
 _MAX_ID = 2**62
 
 
@@ -115,10 +119,45 @@ async def overview(conn: Any) -> dict[str, Any]:
 async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
     statuses = [filters.status] if filters.status else None
     params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": None,
-              "until": None, "before": filters.before, "limit": PAGE}  # fmt: skip
+              "until": None, "before": filters.before, "limit": PAGE, "with_result": False}  # fmt: skip
     rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
     older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
     return {"executions": rows, "older": older}
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """Text as the page shows it: at most ``SHOWN`` characters (a page of one execution
+    stays small, and is re-rendered while it runs); ``size`` is the whole text's length."""
+
+    text: str
+    size: int
+
+    @classmethod
+    def of(cls, text: str) -> Shown:
+        return cls(text[:SHOWN], len(text))
+
+    @property
+    def cut(self) -> bool:
+        return self.size > len(self.text)
+
+
+def _output(result: Any) -> dict[str, Any]:
+    """The result, each part shown once and bounded: the error, the streams (base64 output
+    decoded for reading), the returned value, and ``rest``: the result without those."""
+    if not isinstance(result, dict):  # none yet (or not written by a runner)
+        result = {} if result is None else {"value": result}
+    view: dict[str, Any] = {"error": Shown.of(str(result["error"])) if result.get("error") else None}
+    for stream in ("stdout", "stderr"):
+        text, encoding = result.get(stream), result.get(f"{stream}_encoding")
+        view[stream] = Shown.of(readable(text, encoding)) if isinstance(text, str) and text else None
+        view[f"{stream}_binary"] = encoding == BASE64
+        view[f"{stream}_truncated"] = bool(result.get(f"{stream}_truncated"))
+    view["data"] = None if result.get("data") is None else Shown.of(pretty(result["data"]))
+    view["data_truncated"] = bool(result.get("data_truncated"))
+    rest = {k: v for k, v in result.items() if k not in _SHOWN_APART}
+    view["rest"] = Shown.of(pretty(rest)) if rest else None
+    return view
 
 
 async def execution(conn: Any, eid: int) -> dict[str, Any]:
@@ -126,10 +165,9 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     if row is None:
         raise NotFound(f"no execution {eid}")
     attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
-    result = row["result"]
-    output = result if isinstance(result, dict) else {}
     final = row["status"] in FINISHED and all(a["ended"] is not None for a in attempts)
-    return {"execution": row, "attempts": attempts, "output": output, "final": final}
+    return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
+            "output": _output(row["result"]), "final": final}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from conveyor.api.errors import ClientGoneError
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
 from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
+from conveyor.domain.models import summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.queries import Q
 
@@ -120,11 +121,14 @@ async def list_executions(
     before: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
+    """Newest first, as summaries: a preview of the parameters, the result without its
+    stdout, stderr and data, and sizes. ``GET /api/v1/executions/{id}`` has them in full."""
     params = {"statuses": [s.value for s in status_] if status_ else None, "action": action, "worker": worker,
-              "since": since, "until": until, "before": before, "limit": limit}  # fmt: skip
+              "since": since, "until": until, "before": before, "limit": limit, "with_result": True}  # fmt: skip
     async with ctx.pool.connection() as conn:
         rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
-    return {"items": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+    items = [summary_fields(r) for r in rows]
+    return {"items": items, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
 
 @router.get("/stream", responses=ERRORS, response_class=StreamingResponse)

@@ -7,13 +7,21 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-import json
 import time
 import traceback
 from typing import Any
 
 from conveyor.actions.registry import ActionDefinition
 from conveyor.domain.models import ActionResult
+from conveyor.domain.storable import (
+    ERROR_LIMIT,
+    OUTPUT_LIMIT,
+    Unstorable,
+    capped_text,
+    clean_text,
+    describe,
+    stored_value,
+)
 
 
 class _TimedOut(Exception):
@@ -50,12 +58,11 @@ async def _call_sync(
     return future.result()
 
 
-def _json_data(value: Any) -> Any:
-    """The value as it will be stored (JSON types only); its repr when it is not JSON."""
+def _traceback(e: BaseException) -> str:
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError, RecursionError):
-        return repr(value)
+        return "".join(traceback.format_exception(e))
+    except Exception:  # e.g. a chain of causes too deep to format: the summary will do
+        return describe(e) + "\n"
 
 
 async def run_python(
@@ -64,9 +71,14 @@ async def run_python(
     *,
     timeout: float,  # noqa: ASYNC109 - a timed-out run is a result, not an exception
     executor: concurrent.futures.ThreadPoolExecutor | None = None,
+    output_limit: int = OUTPUT_LIMIT,
 ) -> ActionResult:
     """Call the action's function with the parameters as keyword arguments. Never raises
-    except ``asyncio.CancelledError``; ``executor=None`` means the loop's default pool."""
+    except ``asyncio.CancelledError``; ``executor=None`` means the loop's default pool.
+
+    The returned value is stored as JSON, cut to ``output_limit`` bytes (``data_truncated``);
+    one PostgreSQL cannot store (not JSON, NaN, a NUL or an unpaired surrogate in a string)
+    fails the run with the reason. A traceback is cut to ``output_limit`` bytes like output."""
     started = time.monotonic()
     func = definition.func
     if func is None:
@@ -88,11 +100,20 @@ async def run_python(
             timed_out=True,
         )
     except (Exception, SystemExit) as e:  # SystemExit: an action calling sys.exit() must not stop the worker
+        stderr, cut = capped_text(_traceback(e), output_limit)
         return ActionResult(
             succeeded=False,
             exit_code=1,
             duration=time.monotonic() - started,
-            stderr="".join(traceback.format_exception(e)),
-            error=f"{type(e).__name__}: {e}",
+            stderr=stderr,
+            stderr_truncated=cut,
+            error=describe(e),
         )
-    return ActionResult(succeeded=True, exit_code=0, duration=time.monotonic() - started, data=_json_data(value))
+    try:
+        data, truncated = stored_value(value, output_limit)
+    except Unstorable as e:
+        error = clean_text(f"the returned value cannot be stored: {e}", ERROR_LIMIT)
+        return ActionResult(succeeded=False, exit_code=1, duration=time.monotonic() - started, error=error)
+    return ActionResult(
+        succeeded=True, exit_code=0, duration=time.monotonic() - started, data=data, data_truncated=truncated
+    )

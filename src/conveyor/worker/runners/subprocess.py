@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.domain.models import ActionResult
+from conveyor.domain.storable import ERROR_LIMIT, Unstorable, clean_text, output_text, stored_value
 
 # After the group is SIGKILLed, how long to wait for the exit status and what is still in the pipes.
 _AFTER_KILL = 0.5
@@ -62,8 +63,10 @@ class _Capture(asyncio.SubprocessProtocol):
         """What is not finished yet: the process itself and the pipes something still holds open."""
         return {f for f in (self.exited, *self.eof.values()) if not f.done()}
 
-    def text(self, fd: int) -> str:
-        return self.output[fd].decode("utf-8", errors="replace")
+    def text(self, fd: int) -> tuple[str, str]:
+        """The output as stored, with its encoding (``utf-8``, or ``base64`` for bytes that
+        are not UTF-8 text or hold a NUL)."""
+        return output_text(bytes(self.output[fd]), self.truncated[fd])
 
 
 _GUARD = str(Path(__file__).with_name("guard.py"))
@@ -132,6 +135,7 @@ async def run_subprocess(
     started = time.monotonic()
 
     def failed(error: str) -> ActionResult:
+        error = clean_text(error, ERROR_LIMIT)  # it may quote the command or a parameter
         return ActionResult(succeeded=False, exit_code=None, duration=time.monotonic() - started, error=error)
 
     try:
@@ -187,23 +191,31 @@ async def run_subprocess(
 
     exit_code = transport.get_returncode()
     data: Any = None
+    data_truncated = False
     error = f"timed out after {timeout:g}s" if timed_out else _failure(exit_code)
-    stdout = capture.text(_STDOUT)
+    stdout, stdout_encoding = capture.text(_STDOUT)
+    stderr, stderr_encoding = capture.text(_STDERR)
     if metadata.get("output") == "json":
         try:
-            data = json.loads(stdout)
-        except ValueError as e:
+            # From the bytes: JSON is UTF-8, and output that is not is not JSON.
+            data, data_truncated = stored_value(json.loads(bytes(capture.output[_STDOUT])), output_limit)
+        except Unstorable as e:
+            data, error = None, error or clean_text(f"stdout is JSON that cannot be stored: {e}")
+        except (ValueError, RecursionError) as e:
             # A failed command's output is a bonus, not a second error.
-            error = error or f"stdout is not valid JSON: {e}"
+            error = error or clean_text(f"stdout is not valid JSON: {e}", 500)
     return ActionResult(
         succeeded=error is None,
         exit_code=exit_code,
         duration=time.monotonic() - started,
         stdout=stdout,
-        stderr=capture.text(_STDERR),
+        stderr=stderr,
         data=data,
         error=error,
         stdout_truncated=capture.truncated[_STDOUT],
         stderr_truncated=capture.truncated[_STDERR],
         timed_out=timed_out,
+        stdout_encoding=stdout_encoding,
+        stderr_encoding=stderr_encoding,
+        data_truncated=data_truncated,
     )

@@ -23,10 +23,21 @@ UPDATE api_token SET revoked = now() WHERE id = %(id)s AND revoked IS NULL RETUR
 SELECT count(*)::int AS n FROM api_token WHERE role = 'admin' AND revoked IS NULL;
 
 -- name: api_list_executions
--- Newest first with keyset pagination on id; every filter optional.
-SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
+-- Summaries, newest first with keyset pagination on id; every filter optional. A
+-- summary leaves out what can be large: the parameters are their JSON text's first
+-- characters (201: the caller cuts 200 and knows whether there was more), the result
+-- is its small fields (stdout, stderr and data left out); sizes are as stored
+-- (pg_column_size: after compression, and read without fetching the value). Reading
+-- result_summary fetches (and decompresses) each result: callers that show none of it
+-- (the dashboard's list, polled while open) pass with_result = false.
+SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name,
        e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
-       e.started, e.ended
+       e.started, e.ended,
+       left(e.parameters::text, 201) AS parameters_head, pg_column_size(e.parameters) AS parameters_size,
+       CASE WHEN %(with_result)s::bool THEN
+           CASE WHEN jsonb_typeof(e.result) = 'object' THEN e.result - '{stdout,stderr,data}'::text[] END
+       END AS result_summary,
+       pg_column_size(e.result) AS result_size
 FROM execution e LEFT JOIN worker w ON w.id = e.worker
 WHERE (%(statuses)s::text[] IS NULL OR e.status = ANY(%(statuses)s::text[]))
   AND (%(action)s::text IS NULL OR e.action_ref = %(action)s)

@@ -9,18 +9,6 @@ WHERE e.id = %(id)s;
 SELECT attempt, worker, worker_name, scheduled, started, ended, outcome, error
 FROM execution_attempt WHERE execution = %(id)s ORDER BY attempt;
 
--- name: list_executions
--- Newest first; optional filters; keyset pagination on id.
-SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
-       e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
-       e.started, e.ended
-FROM execution e LEFT JOIN worker w ON w.id = e.worker
-WHERE (%(status)s::text IS NULL OR e.status = %(status)s)
-  AND (%(action)s::text IS NULL OR e.action_ref = %(action)s)
-  AND (%(before)s::bigint IS NULL OR e.id < %(before)s)
-ORDER BY e.id DESC
-LIMIT %(limit)s;
-
 -- name: list_workers
 SELECT w.id, w.name, w.worker_role, w.status, w.runtimes, w.capacity,
        (SELECT count(*) FROM execution e
