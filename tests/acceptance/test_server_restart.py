@@ -2,10 +2,11 @@
 one is never touched), while a worker runs sync Python actions that record every run.
 
 1. A crash-restart shorter than the staleness threshold is not a lost worker:
-   ``pg_ctl restart -m immediate`` (a new postmaster), a backend crash (the postmaster
+   ``pg_ctl restart -m immediate`` (a new postmaster); a backend crash (the postmaster
    survives and reinitialises: every session and lock is gone, its start time is not
-   renewed), and a stop of about a second during which runs finish (their results wait in
-   the worker and are written afterwards). Every execution completes, each action body
+   renewed), also with a worker that gets back only seconds after the executor; and a
+   stop of a second or two during which runs finish (their results wait in the worker
+   and are written afterwards). Every execution completes, each action body
    runs exactly once, nothing is ``abandoned``, no attempt ends ``worker_lost``.
 2. A worker and an executor started while the server is down wait for it (logging each
    retry) instead of exiting, then register and run work.
@@ -17,15 +18,17 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
-from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually, run_cli
+from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually, run_cli, stays
+from acceptance.netns import Forwarder
 from acceptance.pg import PrivatePostgres
 from conveyor.sdk import request_execution
 
@@ -33,10 +36,10 @@ pytestmark = pytest.mark.acceptance
 
 SCHEMA = "conveyor"
 TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
-# Heartbeat 3 s: the threshold is 9 s and a worker stops its work on its own after 6 s
-# without a heartbeat; every outage below is shorter than that. Quick sweeps, so that an
+# Heartbeat 5 s: the threshold is 15 s and a worker stops its work on its own after 10 s
+# without a heartbeat; every outage below is well within that. Quick sweeps, so that an
 # executor that wrongly took a missing lock for a dead worker would act at once.
-HEARTBEAT = 3.0
+HEARTBEAT = 5.0
 SETTINGS = {
     "CONVEYOR__WORKER__HEARTBEAT_INTERVAL": str(HEARTBEAT),
     "CONVEYOR__RECOVERY__SWEEP_INTERVAL": "0.2",
@@ -86,6 +89,12 @@ def env(private_pg: PrivatePostgres, tmp_path: Path) -> dict[str, str]:
     return conveyor_env(private_pg.url, **SETTINGS, PYTHONPATH=pythonpath, RUNS_DIR=str(tmp_path / "runs"))
 
 
+@pytest.fixture
+def forwarder(private_pg: PrivatePostgres) -> Iterator[Forwarder]:
+    with Forwarder("127.0.0.1", ("127.0.0.1", private_pg.port)) as fwd:
+        yield fwd
+
+
 def _connect(url: str) -> psycopg.Connection[dict[str, Any]]:
     return psycopg.connect(
         url, autocommit=True, row_factory=dict_row, connect_timeout=3, options=f"-c search_path={SCHEMA}"
@@ -120,9 +129,10 @@ def _crash_a_backend(url: str) -> None:
     eventually(back, timeout=30, interval=0.1)
 
 
-def _start_services(procs: Procs, env: dict[str, str]) -> tuple[Proc, Proc]:
+def _start_services(procs: Procs, env: dict[str, str], worker_url: str) -> tuple[Proc, Proc]:
     executor = procs.start("executor", name="executor", env=env)
-    worker = procs.start("worker", "--name", "w1", "--import", "restartmod", name="worker", env=env)
+    worker_env = {**env, "DATABASE_URL": worker_url}
+    worker = procs.start("worker", "--name", "w1", "--import", "restartmod", name="worker", env=worker_env)
     executor.wait_for_log("executor started")
     worker.wait_for_log("worker registered")
     return executor, worker
@@ -131,12 +141,14 @@ def _start_services(procs: Procs, env: dict[str, str]) -> tuple[Proc, Proc]:
 # -- 1. a crash-restart is not a lost worker -----------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["restart-immediate", "backend-crash", "stopped"])
+@pytest.mark.parametrize("fault", ["restart-immediate", "backend-crash", "backend-crash-late-return", "stopped"])
 def test_crash_restart_keeps_running_work(
-    private_pg: PrivatePostgres, procs: Procs, env: dict[str, str], tmp_path: Path, fault: str
+    private_pg: PrivatePostgres, procs: Procs, env: dict[str, str], forwarder: Forwarder, tmp_path: Path, fault: str
 ) -> None:
     url, runs = private_pg.url, tmp_path / "runs"
-    executor, worker = _start_services(procs, env)
+    # In one case the worker goes through the forwarder (direct otherwise, as in production).
+    via = make_conninfo(url, host=forwarder.host, port=str(forwarder.port))
+    executor, worker = _start_services(procs, env, via if fault == "backend-crash-late-return" else url)
 
     def logs() -> str:
         return procs.logs() + "\n" + private_pg.logs()
@@ -158,6 +170,18 @@ def test_crash_restart_keeps_running_work(
         private_pg.restart("immediate")
     elif fault == "backend-crash":
         _crash_a_backend(url)
+    elif fault == "backend-crash-late-return":
+        # The worker's sessions (and the server's last words on them) get through, but not
+        # its reconnections: the server is back for the executor, and the worker's lock is
+        # still missing, in what is -- by the postmaster's start time -- the same server.
+        forwarder.closing.set()
+        _crash_a_backend(url)
+
+        def still_active() -> bool:
+            return bool(_rows(url, "SELECT status FROM worker WHERE name = 'w1'")[0]["status"] == "active")
+
+        stays(still_active, duration=2.0, message="the worker was declared dead while it was coming back")
+        forwarder.closing.clear()
     else:
         private_pg.stop("immediate")
         stopped = time.time()
