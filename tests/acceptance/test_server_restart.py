@@ -181,6 +181,8 @@ def test_crash_restart_keeps_running_work(
             return bool(_rows(url, "SELECT status FROM worker WHERE name = 'w1'")[0]["status"] == "active")
 
         stays(still_active, duration=2.0, message="the worker was declared dead while it was coming back")
+        held = _rows(url, "SELECT worker_lock_held(id) AS held FROM worker WHERE name = 'w1'")[0]["held"]
+        assert held is False, "the scenario did not happen: the worker's lock was back already"
         forwarder.closing.clear()
     else:
         private_pg.stop("immediate")
