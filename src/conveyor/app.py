@@ -25,7 +25,7 @@ from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
 from conveyor.health import HealthServer
-from conveyor.store.db import connect_sync, make_pool
+from conveyor.store.db import connect_sync, make_pool, refused_for_good
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
 from conveyor.store.rows import action_row
@@ -33,6 +33,9 @@ from conveyor.transport import make_transport
 from conveyor.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
+
+# A service started while the database is down retries after 0.5 s, then doubling up to 10 s.
+_START_RETRY, _START_RETRY_MAX = 0.5, 10.0
 
 
 def load_actions(imports: Sequence[str]) -> list[ActionDefinition]:
@@ -106,10 +109,7 @@ async def serve(
     if none exists yet (``conveyor up`` on a fresh database)."""
     schema = settings.database.schema_name
     actions = load_actions([*settings.worker.imports, *imports]) if run_worker else []
-    try:
-        applied = await asyncio.to_thread(prepare_database, url, schema)
-    except psycopg.OperationalError as exc:
-        raise ConveyorError(f"cannot reach the database: {str(exc).strip()}") from exc
+    applied = await _prepare_when_reachable(url, schema)
     if applied:
         log.info("schema migrated", schema=schema, versions=[m.version for m in applied])
 
@@ -173,6 +173,25 @@ async def serve(
         await pool.close()
         if api_socket is not None:
             api_socket.close()
+
+
+async def _prepare_when_reachable(url: str, schema: str) -> list[Migration]:
+    """``prepare_database``, waiting for a server that is down, starting or full: services
+    are often started beside the database (a reboot, a compose file, a pod), and one that
+    exits would need a supervisor to try again. A server that answers and refuses
+    (authentication, no such database) is an error at once: waiting changes nothing."""
+    delay, attempt = _START_RETRY, 0
+    while True:
+        try:
+            return await asyncio.to_thread(prepare_database, url, schema)
+        except psycopg.OperationalError as exc:
+            if refused_for_good(exc):
+                raise ConveyorError(f"cannot reach the database: {str(exc).strip()}") from exc
+            attempt += 1
+            log.warning("database unreachable at start; retrying", error=str(exc).strip(), attempt=attempt,
+                        retry_in=delay)  # fmt: skip
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _START_RETRY_MAX)
 
 
 @dataclass(slots=True)

@@ -165,6 +165,9 @@ class Forwarder:
     "server") before it is forwarded; a number returned drops that connection: the chunk
     still goes through, nothing more comes back to the client, and both sockets close
     that many seconds later (a server that did the work, and an answer lost on the way).
+
+    While ``closing`` is set, new connections are accepted and closed at once (a client
+    that cannot get through, while established ones carry on).
     """
 
     def __init__(
@@ -186,6 +189,7 @@ class Forwarder:
         self.accepted = 0
         self.dropped = 0  # connections ended by an error on the accepted side (e.g. a keepalive timeout)
         self.events: list[str] = []  # why each forwarded connection ended (for failure messages)
+        self.closing = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="forwarder-accept", daemon=True)
 
     @property
@@ -209,6 +213,9 @@ class Forwarder:
             except OSError:
                 if self._stop.is_set():
                     return
+                continue
+            if self.closing.is_set():
+                down.close()
                 continue
             try:
                 up = socket.create_connection(self._target, timeout=5)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 import threading
 import time
 import uuid
@@ -32,7 +31,6 @@ from psycopg.rows import dict_row
 from acceptance.helpers import Proc, Procs, conveyor_env, eventually
 from acceptance.netns import Forwarder, VethNamespace, liveness_keepalive, netns_problem
 from acceptance.pg import PrivatePostgres
-from conveyor.app import prepare_database
 from conveyor.sdk import Client, request_execution
 
 pytestmark = pytest.mark.acceptance
@@ -48,27 +46,6 @@ FAULT_SETTINGS = {
     "CONVEYOR__EXECUTOR__CLAIM_TIMEOUT": "5",
 }
 HEARTBEAT, STALENESS = 1.0, 3.0
-
-
-# -- a private PostgreSQL (acceptance/pg.py) -------------------------------------------------
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        try:
-            server.init()
-            server.start()
-        except (subprocess.SubprocessError, OSError) as exc:
-            message = f"cannot start a private PostgreSQL: {exc}\n{server.logs()}"
-            if IN_CI:
-                pytest.fail(message)
-            pytest.skip(message)
-        prepare_database(server.url, SCHEMA)
-        yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture

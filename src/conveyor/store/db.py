@@ -86,3 +86,33 @@ def channel(schema: str, name: str) -> str:
 
 def listen_statement(channel_name: str) -> sql.Composed:
     return sql.SQL("LISTEN {}").format(sql.Identifier(channel_name))
+
+
+# The server's own refusal of every new connection while it shuts down, starts or
+# recovers (SQLSTATE 57P03). libpq gives a failed connection no SQLSTATE, only text.
+_RESTARTING = (
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+)
+# Every connection slot taken (53300): the server is up and will take one later.
+_FULL = ("sorry, too many clients already", "remaining connection slots are reserved")
+
+
+def server_restarting(exc: BaseException) -> bool:
+    """The server itself answered that it is shutting down, starting or recovering."""
+    return isinstance(exc, psycopg.OperationalError) and any(s in str(exc) for s in _RESTARTING)
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """The server answered a connection and refused it for a reason waiting does not fix
+    (authentication, pg_hba, no such database or role). Everything else may pass: no
+    answer, a refused or reset TCP connection, a server restarting or full."""
+    text = str(exc)
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and "FATAL:" in text
+        and not server_restarting(exc)
+        and not any(s in text for s in _FULL)
+    )

@@ -19,10 +19,21 @@ From the worker's side, it stops everything it runs (``on_lost``) and later rejo
 - its session is dropped while the server stays up and it cannot take its lock again
   within ``lock_grace`` (executors declare it dead once the lock has been missing that
   long). Between beats the worker waits *on* this connection, so it notices a dropped
-  session at once and reconnects at once. After a server restart every lock is gone
-  but the executors only go by heartbeats, so the work carries on;
+  session at once and reconnects at once;
 - it could not heartbeat for ``self_fence_after`` (one interval less than the bound
   the executors use), checked by a watchdog on its own clock.
+
+A server restart or crash-restart is none of these. Executors judge a missing lock only
+in the server epoch it was taken in (``stamp_server_epoch()``, migration 0011: renewed
+by a restart and by crash recovery alike), so afterwards only the heartbeat threshold
+counts. The worker tells a server going down from its session alone being dropped by
+what the server said: its session's last words (an immediate shutdown, a crash of
+another backend) or its answer to a reconnection (shutting down, starting up, in
+recovery; or no server at all right after it ended our session). Then the work carries
+on and the worker keeps reconnecting; only the watchdog stops it, after
+``self_fence_after``. When nothing says so (the session vanished, and the server cannot
+be reached within ``lock_grace``), the worker cannot rule out a live server whose
+executors are about to act, and stops its work.
 """
 
 from __future__ import annotations
@@ -40,20 +51,15 @@ from psycopg.rows import dict_row
 
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
-from conveyor.store.db import conninfo_kwargs
+from conveyor.store.db import conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
 
-# The server's own refusal of every new connection while it shuts down, starts or
-# recovers (SQLSTATE 57P03, seen only as text on a failed connection). Not "connection
-# refused": that may be our path alone (a proxy, a firewall) while executors reach it.
-_SERVER_RESTARTING = (
-    "the database system is shutting down",
-    "the database system is starting up",
-    "the database system is in recovery mode",
-    "the database system is not yet accepting connections",
-)
+# How often the worker tries to re-take its lock within lock_grace, and the first
+# delay between reconnections after that (doubling up to a second).
+_RETRY = 0.05
+_BACKOFF = 0.1
 
 
 class NameInUseError(ConveyorError):
@@ -83,10 +89,14 @@ class Liveness:
         self._on_rejoined = on_rejoined
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
         self.worker_id: int | None = None
-        self.lock_epoch: Any = None  # the server start time our lock was taken under
+        self.lock_epoch: Any = None  # the server epoch our lock was taken in (migration 0011)
         self.last_ok = time.monotonic()
         self.fenced = False
         self.draining = False
+        # What the server said when it ended our session (see _note_ending); reset by the
+        # next connection it accepts.
+        self._going_down: str | None = None
+        self._ended_by_server = False
         # Set while the worker may claim work: registered, lock held, not fenced, not draining.
         self.accepting = asyncio.Event()
 
@@ -162,6 +172,8 @@ class Liveness:
                 failures = 0
                 await self._resume()
             except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
+                if isinstance(exc, psycopg.Error):
+                    self._note_ending(exc.diag)
                 await self._drop_connection()
                 failures += 1
                 log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
@@ -169,29 +181,65 @@ class Liveness:
                 if failures == 1:
                     await self._reconnect_within_grace()
                 else:
-                    await asyncio.sleep(min(1.0, interval))
+                    await asyncio.sleep(min(_BACKOFF * 2 ** (failures - 2), 1.0, interval))
 
     async def _reconnect_within_grace(self) -> None:
         """Our session is gone. If the server merely dropped it, executors declare us dead
         once our lock has been missing for lock_grace: take it again before that, or stop
-        our work -- it is about to run elsewhere."""
-        try:
-            async with asyncio.timeout(max(self._cfg.lock_grace, 0.05)):
-                await self._connect()
-                await self._register()
-        except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
-            await self._drop_connection()
-            if isinstance(exc, psycopg.OperationalError) and any(s in str(exc) for s in _SERVER_RESTARTING):
-                # The server itself is going down or coming up, not dropping us alone: no
-                # executor can act on our lock before it is back, and after a restart they
-                # go by heartbeats only. Retry as usual; the watchdog fences if it lasts.
-                log.warning("database restarting; the work carries on", worker=self.name, error=str(exc).strip())
-                return
-            await self._lost(f"could not re-take the liveness lock within {self._cfg.lock_grace:g}s ({exc})")
-            return
+        our work -- it is about to run elsewhere. If the server itself is going down or
+        coming up, no executor can judge our lock before it is back, and then in a new
+        epoch, where only heartbeats count: the work carries on, the beat loop keeps
+        reconnecting, and the watchdog stops the work only after self_fence_after."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self._cfg.lock_grace, _RETRY)
+        epoch = self.lock_epoch
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._connect()
+                    await self._register()
+                break
+            except (psycopg.OperationalError, TimeoutError, NameInUseError) as exc:
+                await self._drop_connection()
+                down = None if isinstance(exc, NameInUseError) else self._server_going_down(exc)
+                if down is not None:
+                    log.warning("database restarting; the work carries on", worker=self.name, evidence=down,
+                                error=str(exc).strip() or type(exc).__name__,
+                                stops_after=self._cfg.self_fence_after)  # fmt: skip
+                    return
+                if isinstance(exc, NameInUseError) or loop.time() + _RETRY >= deadline:
+                    reason = str(exc).strip() or type(exc).__name__
+                    await self._lost(f"could not re-take the liveness lock within {self._cfg.lock_grace:g}s ({reason})")
+                    return
+                await asyncio.sleep(_RETRY)
         self.last_ok = time.monotonic()
-        log.info("liveness session re-established", worker=self.name, worker_id=self.worker_id)
+        log.info("liveness session re-established", worker=self.name, worker_id=self.worker_id,
+                 server_restarted=self.lock_epoch != epoch)  # fmt: skip
         await self._resume()
+
+    def _note_ending(self, diag: psycopg.errors.Diagnostic) -> None:
+        """What the server said as it ended our session (an error, or a notice when it
+        came between statements). 57P02: another backend crashed, the server resets every
+        session and lock. 57P01 as a WARNING: an immediate shutdown's last words. 57P01 as
+        FATAL: a fast shutdown -- or pg_terminate_backend of this session alone, so it
+        counts only if no server answers our reconnection (_server_going_down)."""
+        state = diag.sqlstate
+        if state == "57P02" or (state == "57P01" and diag.severity_nonlocalized == "WARNING"):
+            self._going_down = diag.message_primary or state
+        elif state == "57P01":
+            self._ended_by_server = True
+
+    def _server_going_down(self, exc: BaseException) -> str | None:
+        """Why we know the server itself is going down or coming up (not our session alone
+        dropped), or None when nothing says so."""
+        if self._going_down is not None:
+            return self._going_down
+        if server_restarting(exc):
+            return "the server answered that it is shutting down or starting up"
+        if self._ended_by_server and isinstance(exc, psycopg.OperationalError) and "FATAL:" not in str(exc):
+            # Not pg_terminate_backend: after that the server still answers.
+            return "the server ended our session, then no server answered"
+        return None
 
     async def _reconnect(self) -> None:
         async with asyncio.timeout(self._cfg.heartbeat_interval):
@@ -230,6 +278,9 @@ class Liveness:
         kwargs.update(keepalives_idle=idle, keepalives_interval=interval, keepalives_count=count,
                       tcp_user_timeout=int(bound * 1000), connect_timeout=max(2, idle))  # fmt: skip
         conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=dict_row, **kwargs)
+        # A server that accepts a connection is up: what it said before is history.
+        self._going_down, self._ended_by_server = None, False
+        conn.add_notice_handler(self._note_ending)
         await conn.execute(
             Q["session_keepalives"],
             {

@@ -286,6 +286,13 @@ CREATE FUNCTION conveyor.cordon_worker(p_name text, p_cordoned boolean) RETURNS 
     RETURNING w.id, w.name, w.status, w.cordoned
 $$;
 
+CREATE FUNCTION conveyor.current_server_epoch() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT epoch FROM server_epoch WHERE postmaster_start = pg_postmaster_start_time()
+$$;
+
 CREATE FUNCTION conveyor.delete_admission_policy(p_target text) RETURNS TABLE(target text, source text, released integer, restored boolean)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -599,6 +606,23 @@ CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS text
     UPDATE transport_route r SET transport = p_transport, updated = now()
     FROM old WHERE r.singleton AND old.transport IS DISTINCT FROM p_transport
     RETURNING old.transport
+$$;
+
+CREATE FUNCTION conveyor.stamp_server_epoch() RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    found_epoch timestamptz := current_server_epoch();
+BEGIN
+    IF found_epoch IS NULL THEN
+        INSERT INTO server_epoch (postmaster_start, epoch) VALUES (pg_postmaster_start_time(), clock_timestamp())
+        ON CONFLICT (singleton) DO UPDATE SET postmaster_start = EXCLUDED.postmaster_start, epoch = EXCLUDED.epoch
+            WHERE server_epoch.postmaster_start IS DISTINCT FROM EXCLUDED.postmaster_start;
+        found_epoch := current_server_epoch();
+    END IF;
+    RETURN found_epoch;
+END
 $$;
 
 CREATE FUNCTION conveyor.touch_updated() RETURNS trigger
@@ -947,6 +971,13 @@ CREATE TABLE conveyor.schema_migration (
     applied timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE UNLOGGED TABLE conveyor.server_epoch (
+    singleton boolean DEFAULT true NOT NULL,
+    postmaster_start timestamp with time zone NOT NULL,
+    epoch timestamp with time zone NOT NULL,
+    CONSTRAINT server_epoch_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE conveyor.transport_route (
     singleton boolean DEFAULT true NOT NULL,
     transport text DEFAULT 'postgres'::text NOT NULL,
@@ -1048,6 +1079,9 @@ ALTER TABLE ONLY conveyor.outbox
 
 ALTER TABLE ONLY conveyor.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY conveyor.server_epoch
+    ADD CONSTRAINT server_epoch_pkey PRIMARY KEY (singleton);
 
 ALTER TABLE ONLY conveyor.transport_route
     ADD CONSTRAINT transport_route_pkey PRIMARY KEY (singleton);

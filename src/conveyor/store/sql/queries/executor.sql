@@ -71,9 +71,9 @@ SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0))
 
 -- name: live_workers
 -- Workers alive now: active or draining, heartbeat fresh by their own bound (database
--- clock), and their liveness lock held unless the server restarted since they took
--- it. ``accepting`` ones (active, not cordoned) may be given work; the others still
--- count as able to run an action, so its executions wait rather than fail.
+-- clock), and their liveness lock held unless the server restarted (or crashed) since
+-- they took it. ``accepting`` ones (active, not cordoned) may be given work; the others
+-- still count as able to run an action, so its executions wait rather than fail.
 SELECT w.id, w.name, w.runtimes, w.actions, w.capacity,
        (w.status = 'active' AND NOT w.cordoned) AS accepting,
        (SELECT count(*) FROM execution e
@@ -88,7 +88,7 @@ LEFT JOIN (
 WHERE w.status IN ('active', 'draining')
   AND w.worker_role = 'action'
   AND w.last_heartbeat > now() - make_interval(secs => w.stale_after)
-  AND (held.objid IS NOT NULL OR w.lock_epoch IS DISTINCT FROM pg_postmaster_start_time())
+  AND (held.objid IS NOT NULL OR w.lock_epoch IS DISTINCT FROM current_server_epoch())
 ORDER BY w.id;
 
 -- name: assign

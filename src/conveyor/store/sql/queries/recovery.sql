@@ -4,9 +4,10 @@
 SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.sweep', 0)) AS locked;
 
 -- name: note_lost_locks
--- First sight of a missing liveness lock, while the server that granted it is still
--- up: noted, not yet fatal -- the worker may take it again within its lock_grace. A
--- lock found again clears the note.
+-- First sight of a missing liveness lock, in the server lifetime that granted it (no
+-- restart or crash since: current_server_epoch(), migration 0011): noted, not yet
+-- fatal -- the worker may take it again within its lock_grace. A lock found again
+-- clears the note.
 WITH held AS (
     SELECT l.objid FROM pg_locks l
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
@@ -16,14 +17,14 @@ WITH held AS (
 UPDATE worker w
 SET lock_lost_at = CASE WHEN EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid) THEN NULL ELSE now() END
 WHERE w.status IN ('active', 'draining')
-  AND w.lock_epoch = pg_postmaster_start_time()
+  AND w.lock_epoch = current_server_epoch()
   AND (w.lock_lost_at IS NULL) = NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid);
 
 -- name: deactivate_dead_workers
 -- Mark dead workers inactive (guarded: only active or draining ones): heartbeat older
 -- than the worker's own bound, or its liveness lock still gone lock_grace after it was
--- first found missing while the server that granted it is still up (the process died
--- and the kernel closed its socket). A worker that re-registered meanwhile has its
+-- first found missing in the server lifetime that granted it (the process died and the
+-- kernel closed its socket). A worker that re-registered meanwhile has its
 -- note cleared, which the re-check of this UPDATE sees.
 WITH held AS (
     SELECT l.objid FROM pg_locks l
@@ -36,12 +37,12 @@ WHERE w.status IN ('active', 'draining')
   AND (w.last_heartbeat IS NULL
        OR w.last_heartbeat < now() - make_interval(secs => w.stale_after)
        OR (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
-           AND w.lock_epoch = pg_postmaster_start_time()
+           AND w.lock_epoch = current_server_epoch()
            AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)))
 RETURNING w.id, w.name,
           extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
           coalesce(w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
-                   AND w.lock_epoch = pg_postmaster_start_time()
+                   AND w.lock_epoch = current_server_epoch()
                    AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid), false) AS lock_lost;
 
 -- name: hand_back_scheduled

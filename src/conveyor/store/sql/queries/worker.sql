@@ -4,17 +4,17 @@ SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
 
 -- name: register_worker
 -- Upsert by name: a restarted worker keeps its id (and later its queue). Stamped with
--- the server's start time, which tells the executors whether a missing liveness lock
--- means a dead worker or a restarted server.
+-- the server's epoch (stamp_server_epoch(), migration 0011), which tells the executors
+-- whether a missing liveness lock means a dead worker or a restarted (or crashed) server.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
                     host, pid, version, stale_after, lock_grace, lock_epoch, lock_lost_at, last_heartbeat)
 VALUES (%(name)s, 'action', %(status)s, %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
-        %(host)s, %(pid)s, %(version)s, %(stale_after)s, %(lock_grace)s, pg_postmaster_start_time(), NULL, now())
+        %(host)s, %(pid)s, %(version)s, %(stale_after)s, %(lock_grace)s, stamp_server_epoch(), NULL, now())
 ON CONFLICT (name) DO UPDATE
 SET status = EXCLUDED.status, runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
     pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
-    lock_grace = EXCLUDED.lock_grace, lock_epoch = pg_postmaster_start_time(), lock_lost_at = NULL,
+    lock_grace = EXCLUDED.lock_grace, lock_epoch = EXCLUDED.lock_epoch, lock_lost_at = NULL,
     last_heartbeat = now()
 RETURNING id, lock_epoch;
 
