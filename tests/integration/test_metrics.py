@@ -199,6 +199,7 @@ async def test_claim_reports_time_since_request(conn: Conn, attempt: int) -> Non
     """The worker's claim returns the request-to-start time the latency histogram observes
     (first attempts only)."""
     from conveyor.store.queries import Q
+    from conveyor.store.rows import ClaimedRun
     from conveyor.worker.instrument import observe_claims
 
     worker = add_worker(conn, "claimer")
@@ -213,7 +214,7 @@ async def test_claim_reports_time_since_request(conn: Conn, attempt: int) -> Non
     rows = conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 10}).fetchall()
     assert [r["id"] for r in rows] == [eid]
     assert 2.9 < rows[0]["since_request"] < 10
-    observe_claims(rows)
+    observe_claims([ClaimedRun(**r) for r in rows])
     observed = count("conveyor_scheduling_latency_seconds_count") - before
     assert observed == (1 if attempt == 1 else 0)
     if attempt == 1:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import structlog
@@ -16,6 +15,7 @@ from conveyor.actions.core import core
 from conveyor.config import Settings
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
+from conveyor.store.rows import ClaimedRun
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.worker import service
 from conveyor.worker.instrument import observe_claims, observe_result
@@ -31,9 +31,9 @@ def test_scheduling_latency_is_observed_for_first_attempts_only() -> None:
     total = count("conveyor_scheduling_latency_seconds_sum")
     observe_claims(
         [
-            {"id": 1, "attempt": 1, "since_request": 0.25},
-            {"id": 2, "attempt": 2, "since_request": 90.0},  # a re-run: includes earlier attempts
-            {"id": 3, "attempt": 1},  # an unknown claim recovered after a lost answer
+            ClaimedRun(1, 1, "core.noop", {}, "python", {}, since_request=0.25),
+            ClaimedRun(2, 2, "core.noop", {}, "python", {}, since_request=90.0),  # a re-run: includes earlier attempts
+            ClaimedRun(3, 1, "core.noop", {}, "python", {}),  # an unknown claim recovered after a lost answer
         ]
     )
     assert count("conveyor_scheduling_latency_seconds_count") - before == 1
@@ -75,8 +75,7 @@ async def test_worker_execution_log_lines_carry_execution_attempt_and_worker(
     settings = Settings(worker={"name": "w-json"})  # type: ignore[arg-type]
     transport = PostgresTransport("postgresql://unused", "conveyor")
     worker = service.WorkerService(settings, "postgresql://unused", None, transport, list(core))  # type: ignore[arg-type]
-    row: dict[str, Any] = {"id": 7, "attempt": 2, "action_ref": "core.echo", "parameters": {"message": "hi"},
-                           "runner_type": "python", "metadata": {}}  # fmt: skip
+    row = ClaimedRun(7, 2, "core.echo", {"message": "hi"}, "python", {})
     try:
         await worker._execute(worker._runs.add(7, 2, {}), row)
     finally:

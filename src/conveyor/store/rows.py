@@ -85,3 +85,21 @@ class LiveWorker:
 
     def candidate(self) -> Candidate:
         return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """A row of ``claim_scheduled`` / ``unknown_claims``: an attempt this worker now runs."""
+
+    id: int
+    attempt: int  # the fencing token every later write quotes
+    action_ref: str
+    parameters: Any
+    runner_type: str
+    metadata: dict[str, Any] | None
+    since_request: float | None = None  # request -> running (database clock); None for unknown claims
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The action's stored settings (runner options, retry, timeouts)."""
+        return self.metadata or {}

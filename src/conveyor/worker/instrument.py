@@ -7,18 +7,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from conveyor.metrics import EXECUTION_DURATION, EXECUTION_TIMEOUTS, SCHEDULING_LATENCY
+from conveyor.store.rows import ClaimedRun
 
 
-def observe_claims(rows: Iterable[dict[str, Any]]) -> None:
+def observe_claims(rows: Iterable[ClaimedRun]) -> None:
     """Scheduling latency (request -> running, database clock) of freshly claimed rows.
 
     First attempts only: for a re-run (retry or lost worker) the time since the
     request includes the earlier attempts and their backoffs, which is not latency.
     Rows without ``since_request`` (claims recovered by ``unknown_claims``) are skipped."""
     for row in rows:
-        since = row.get("since_request")
-        if since is not None and row.get("attempt") == 1:
-            SCHEDULING_LATENCY.observe(max(0.0, float(since)))
+        if row.since_request is not None and row.attempt == 1:
+            SCHEDULING_LATENCY.observe(max(0.0, float(row.since_request)))
 
 
 def observe_result(action: str | None, outcome: str, result: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -35,7 +36,7 @@ from conveyor.domain.outcome import AttemptEnd, after_interrupted, after_run, ca
 from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.queries import Q
-from conveyor.store.rows import Decisions, action_row
+from conveyor.store.rows import ClaimedRun, Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
 from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
@@ -177,9 +178,9 @@ class WorkerService:
         # Pipelined: BEGIN and the claim travel together; the commit is flushed before
         # anything runs (a claim lost in a crash must not leave an action running).
         async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-            rows = await (
-                await conn.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
-            ).fetchall()
+            cursor = conn.cursor(row_factory=class_row(ClaimedRun))
+            await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
+            rows = await cursor.fetchall()
         observe_claims(rows)
         for row in rows:
             self._start(row)
@@ -192,9 +193,9 @@ class WorkerService:
             raise RuntimeError("the worker is not running")
         return self._tasks.create_task(coro, name=name)
 
-    def _start(self, row: dict[str, Any]) -> None:
-        run = self._runs.add(row["id"], row["attempt"], row["metadata"] or {})
-        run.task = self._spawn(self._execute(run, row), f"execution-{row['id']}")
+    def _start(self, row: ClaimedRun) -> None:
+        run = self._runs.add(row.id, row.attempt, row.settings)
+        run.task = self._spawn(self._execute(run, row), f"execution-{row.id}")
 
     async def _honour_cancellations(self) -> None:
         """Executions of this worker whose cancellation was asked (status canceling): stop
@@ -217,15 +218,17 @@ class WorkerService:
         known = [*self._runs.ids(), *self._results.pending]
         async with self._pool.connection() as conn:
             params = {"worker": self.worker_id, "known": known}
-            rows = await (await conn.execute(Q["unknown_claims"], params)).fetchall()
+            cursor = conn.cursor(row_factory=class_row(ClaimedRun))
+            await cursor.execute(Q["unknown_claims"], params)
+            rows = await cursor.fetchall()
         self._claim_in_doubt = False
         for row in rows:
             self._start(row)
         if rows:
             log.warning("started executions whose claim went unanswered", execution_ids=[r["id"] for r in rows])
 
-    async def _execute(self, run: Run, row: dict[str, Any]) -> None:
-        eid, attempt, ref = row["id"], row["attempt"], row["action_ref"]
+    async def _execute(self, run: Run, row: ClaimedRun) -> None:
+        eid, attempt, ref = row.id, row.attempt, row.action_ref
         bound = log.bind(execution_id=eid, attempt=attempt, worker=self.name, action=ref)
         bound.debug("execution started")
         try:
@@ -248,22 +251,22 @@ class WorkerService:
             self._bell.ring()  # a slot is free
         end = AttemptEnd.TIMEOUT if result.timed_out else AttemptEnd.FAILED
         end = AttemptEnd.COMPLETED if result.succeeded else end
-        decision = after_run(end, attempt, self._retry.overridden((row["metadata"] or {}).get("retry")), result.error)
+        decision = after_run(end, attempt, self._retry.overridden(row.settings.get("retry")), result.error)
         bound.info("execution finished", status=end.value, duration=round(result.duration, 4),
                    retry_in=round(decision.delay, 3) if decision.delay is not None else None)  # fmt: skip
         self._results.put(Finished(eid, attempt, end, decision, result.to_json(), result.error, action=ref))
 
-    async def _run_action(self, row: dict[str, Any]) -> ActionResult:
-        metadata: dict[str, Any] = row["metadata"] or {}
+    async def _run_action(self, row: ClaimedRun) -> ActionResult:
+        metadata = row.settings
         timeout = float(metadata.get("timeout") or self.cfg.execution_timeout)
-        if row["runner_type"] == "subprocess":
-            return await run_subprocess(metadata, row["parameters"], timeout=timeout,
+        if row.runner_type == "subprocess":
+            return await run_subprocess(metadata, row.parameters, timeout=timeout,
                                         kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit)  # fmt: skip
-        definition = self._actions.get(row["action_ref"])
+        definition = self._actions.get(row.action_ref)
         if definition is None:
-            error = f"action {row['action_ref']} has no code on worker {self.name}"
+            error = f"action {row.action_ref} has no code on worker {self.name}"
             return ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
-        return await run_python(definition, row["parameters"], timeout=timeout, executor=self._threads,
+        return await run_python(definition, row.parameters, timeout=timeout, executor=self._threads,
                                 output_limit=self.cfg.output_limit)  # fmt: skip
 
     # -- losing work, releasing it ---------------------------------------------------
