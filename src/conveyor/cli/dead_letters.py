@@ -14,7 +14,6 @@ import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Annotated, Any
 
 import psycopg
@@ -24,6 +23,7 @@ from rich.text import Text
 
 from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state, styled, when
 from conveyor.config import Settings
+from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.errors import ConveyorError
 from conveyor.embedded import resolve_url
 from conveyor.replay import Outcome, replay_one
@@ -36,20 +36,7 @@ APPLICATION_NAME = "conveyor-cli"
 REPLAYED_BY = "cli"
 
 
-class Reason(StrEnum):
-    EXPIRED = "expired"
-    REJECTED = "rejected"
-    POISON = "poison"
-    MAX_REDELIVERIES = "max_redeliveries"
-
-
-class Resolution(StrEnum):
-    PENDING = "pending"
-    RESCHEDULED = "rescheduled"
-    FAILED = "failed"
-    STALE = "stale"
-    INVALID = "invalid"
-    REPLAYED = "replayed"
+Reason = DeadLetterReason  # the vocabulary is defined once, in domain/dead_letters.py
 
 
 # -- durations ----------------------------------------------------------------------------
