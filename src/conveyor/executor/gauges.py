@@ -26,9 +26,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import WorkerStatus
 from conveyor.store.queries import Q
 
-WORKER_STATUSES = ("active", "draining", "inactive", "stale")
+# The worker statuses, plus "stale": active by its row, but past its heartbeat bound.
+WORKER_STATUSES = (*(s.value for s in WorkerStatus), "stale")
 
 
 def _families() -> dict[str, GaugeMetricFamily]:

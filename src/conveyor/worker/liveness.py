@@ -51,6 +51,7 @@ from psycopg.rows import dict_row
 
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.status import WorkerStatus
 from conveyor.store.db import conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 
@@ -83,7 +84,7 @@ class Liveness:
             **registration,
             "stale_after": cfg.staleness,
             "lock_grace": cfg.lock_grace,
-            "status": "active",
+            "status": WorkerStatus.ACTIVE,
         }
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
@@ -123,7 +124,7 @@ class Liveness:
         its time waiting between beats.)"""
         self.draining = True
         self.accepting.clear()
-        self._registration["status"] = "draining"
+        self._registration["status"] = WorkerStatus.DRAINING
 
     async def close(self, status: str) -> None:
         """Record the final status; closing the connection releases the lock."""
@@ -314,7 +315,7 @@ class Liveness:
                 f"worker name {self.name!r} is held by a live worker process (its liveness lock is taken); "
                 "give this worker another --name, or stop the other one"
             )
-        if previous is not None and previous["status"] == "inactive" and self.worker_id is not None:
+        if previous is not None and previous["status"] == WorkerStatus.INACTIVE and self.worker_id is not None:
             # Our row was marked dead while we were away: whatever we still run was recovered.
             await self._lost("declared dead while disconnected")
         self.worker_id = int(row["id"])
