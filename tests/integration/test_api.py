@@ -376,6 +376,7 @@ async def test_cancel_running_is_canceling_until_its_worker_finishes_it(api: Api
     body = (await api.get(f"/api/v1/executions/{eid}")).json()
     assert body["status"] == "cancelled"
     assert body["attempts"][0]["outcome"] == "cancelled"
+    assert body["cancelled_by"] == "test operator"  # who asked is kept, though its worker ended it
 
 
 async def test_cancel_finished_is_409_and_unknown_404(api: Api) -> None:

@@ -56,6 +56,7 @@ class ExecutionOut(BaseModel):
     scheduled: datetime | None
     started: datetime | None
     ended: datetime | None
+    cancelled_by: str | None = Field(None, description="who asked for its cancellation, if anyone did")
     attempts: list[AttemptOut] | None = None
     admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
 

@@ -100,6 +100,8 @@ def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> Non
     )
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
+    if e.cancelled_by is not None:
+        console.print(f"  cancellation asked by {e.cancelled_by}", markup=False, highlight=False)
     if admission is not None:
         console.print(f"  {describe_admission(admission)} (since {when(admission['since'])})", highlight=False)
     if isinstance(e.result, dict):

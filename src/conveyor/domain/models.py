@@ -42,6 +42,7 @@ class Execution:
     scheduled: datetime | None
     started: datetime | None
     ended: datetime | None
+    cancelled_by: str | None = None  # who asked for its cancellation (execution.cancelled_by)
     attempts: tuple[Attempt, ...] = field(default=())
 
 
