@@ -98,10 +98,14 @@ class Transport(ABC):
     async def declare_route(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Make the database publish wake-ups for this transport (``transport_route``);
         executors and workers call it at start."""
-        row = await (await conn.execute("SELECT set_transport_route(%s) AS was", (self.kind,))).fetchone()
-        if row is not None:
-            was = row["was"] if isinstance(row, dict) else row[0]
-            log.info("wake-ups now go through this transport; every process must use it",
+        row = await (await conn.execute("SELECT was FROM set_transport_route(%s)", (self.kind,))).fetchone()
+        if row is None:
+            return  # already this transport
+        was = row["was"] if isinstance(row, dict) else row[0]
+        if was is None:
+            log.info("wake-ups go through this transport", transport=self.kind)
+        else:  # another process of this installation may still use the old one: a misconfiguration
+            log.warning("wake-ups switched to this transport; every process of the installation must use it",
                         transport=self.kind, was=was)  # fmt: skip
 
     @abstractmethod

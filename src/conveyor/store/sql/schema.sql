@@ -477,7 +477,7 @@ CREATE FUNCTION conveyor.replay_message(p_routing_key text, p_message_type text,
 DECLARE
     route text;
 BEGIN
-    SELECT r.transport INTO route FROM transport_route r;
+    SELECT coalesce(r.transport, 'postgres') INTO route FROM transport_route r;
     IF route = 'rabbitmq' THEN
         INSERT INTO outbox (exchange, routing_key, message_type, payload)
         VALUES ('executions', p_routing_key, p_message_type, p_payload);
@@ -598,7 +598,7 @@ CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integ
     RETURNING p.*
 $$;
 
-CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS text
+CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS TABLE(was text)
     LANGUAGE sql
     SET search_path TO 'conveyor'
     AS $$
@@ -980,7 +980,7 @@ CREATE UNLOGGED TABLE conveyor.server_epoch (
 
 CREATE TABLE conveyor.transport_route (
     singleton boolean DEFAULT true NOT NULL,
-    transport text DEFAULT 'postgres'::text NOT NULL,
+    transport text,
     updated timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT transport_route_singleton_check CHECK (singleton),
     CONSTRAINT transport_route_transport_check CHECK ((transport = ANY (ARRAY['postgres'::text, 'rabbitmq'::text])))

@@ -8,16 +8,18 @@
 -- worker, the API, or an operator's own SQL.
 
 -- Which transport carries the wake-ups: written by every executor and worker at start
--- (all processes of one installation must use the same transport).
+-- (all processes of one installation must use the same transport). NULL until the first
+-- one starts: PostgreSQL's NOTIFY then.
 CREATE TABLE transport_route (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    transport text NOT NULL DEFAULT 'postgres' CHECK (transport IN ('postgres', 'rabbitmq')),
+    transport text CHECK (transport IN ('postgres', 'rabbitmq')),
     updated   timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO transport_route DEFAULT VALUES;
 
--- Returns the transport it replaced, so a process can say so when it switches it.
-CREATE FUNCTION set_transport_route(p_transport text) RETURNS text
+-- A row when it changed the route: the transport it replaced (NULL: none declared yet),
+-- so a process can warn when it switches an installation's transport; none when unchanged.
+CREATE FUNCTION set_transport_route(p_transport text) RETURNS TABLE (was text)
 LANGUAGE sql SET search_path FROM CURRENT AS $$
     WITH old AS (SELECT transport FROM transport_route FOR UPDATE)
     UPDATE transport_route r SET transport = p_transport, updated = now()
@@ -386,7 +388,7 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     route text;
 BEGIN
-    SELECT r.transport INTO route FROM transport_route r;
+    SELECT coalesce(r.transport, 'postgres') INTO route FROM transport_route r;
     IF route = 'rabbitmq' THEN
         INSERT INTO outbox (exchange, routing_key, message_type, payload)
         VALUES ('executions', p_routing_key, p_message_type, p_payload);
