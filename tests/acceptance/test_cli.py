@@ -301,9 +301,9 @@ def test_up_with_embedded_postgres(procs: Procs) -> None:
         assert waited.returncode == 0, describe(waited)
         assert "embedded" in waited.stdout
         assert waited.stderr == "", "nothing but the result for the user"
-        first = procs.json("executions", "list", env=env)
-        assert [(e["action_ref"], e["status"], e["parameters"]) for e in first] == [
-            ("core.echo", "completed", {"message": "embedded"})
+        first = procs.json("executions", "list", env=env)  # summaries: a preview of the parameters
+        assert [(e["action_ref"], e["status"], e["parameters_preview"]) for e in first] == [
+            ("core.echo", "completed", '{"message": "embedded"}')
         ]
 
         up.signal(signal.SIGTERM)

@@ -183,7 +183,7 @@ async def claim_then_crash(scheduler: Scheduler, pool: Pool) -> list[int]:
     placing anything: the ``scheduler.after_claim`` failpoint, in-process."""
     async with pool.connection() as conn, conn.pipeline():
         rows = await scheduler._claim(conn)
-    return [r["id"] for r in rows]
+    return [r.id for r in rows]
 
 
 async def noop() -> None:
