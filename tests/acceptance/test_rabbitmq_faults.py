@@ -30,8 +30,9 @@ import psycopg
 import pytest
 
 from acceptance import mq
-from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually, stays
+from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually, stays, until
 from conveyor.sdk import request_executions
+from support.polling import GiveUp
 
 pytestmark = pytest.mark.acceptance
 
@@ -88,10 +89,6 @@ def start_worker(
     proc.wait_for_log("worker registered")
     proc.wait_for_log(CONNECTED)
     return proc
-
-
-def until(procs: Procs, fn: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    return eventually(fn, timeout=timeout, interval=interval, message=procs.logs)
 
 
 def worker_id(db: Conn, name: str) -> int:
@@ -153,13 +150,20 @@ def log_count(proc: Proc, text: str) -> int:
 
 def wait_log_count(proc: Proc, text: str, more_than: int, timeout: float = 30.0) -> None:
     """Until ``text`` was logged more than ``more_than`` times; fail at once if the process exits."""
-    deadline = time.monotonic() + timeout
-    while log_count(proc, text) <= more_than:
+
+    def logged_again() -> bool:
+        if log_count(proc, text) > more_than:
+            return True
         if proc.returncode is not None:
-            raise AssertionError(f"{proc.name} exited before logging {text!r} again\n{proc.logs()}")
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{proc.name} did not log {text!r} again within {timeout:g}s\n{proc.logs()}")
-        time.sleep(0.05)
+            raise GiveUp(f"{proc.name} exited before logging {text!r} again\n{proc.logs()}")
+        return False
+
+    eventually(
+        logged_again,
+        timeout,
+        0.05,
+        lambda: f"{proc.name} did not log {text!r} again within {timeout:g}s\n{proc.logs()}",
+    )
 
 
 def consumed(prefix: str, *names: str) -> Callable[[], dict[str, dict[str, int]] | None]:

@@ -21,10 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually
+from acceptance.helpers import Proc, Procs, conveyor_env, describe, until
 from conveyor.sdk import request_execution, request_executions
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
+from support.polling import GiveUp
 
 pytestmark = pytest.mark.acceptance
 
@@ -79,10 +80,6 @@ def worker_row(db: Conn, name: str) -> dict[str, Any]:
     found = db.execute("SELECT * FROM worker WHERE name = %s", (name,)).fetchone()
     assert found is not None
     return dict(found)
-
-
-def until(procs: Procs, fn: Callable[[], Any], timeout: float = 20.0) -> Any:
-    return eventually(fn, timeout=timeout, interval=0.05, message=procs.logs)
 
 
 def until_status(procs: Procs, db: Conn, eid: int, statuses: set[str], timeout: float = 20.0) -> dict[str, Any]:
@@ -380,17 +377,21 @@ def test_an_action_that_kills_its_worker_is_abandoned_at_the_bound(
     deaths: list[int | None] = []
 
     eid = request(db, "test.kill_worker")
-    deadline = time.monotonic() + 40
-    # The supervisor: restart any worker that died (same name, as a supervisor would), bounded.
-    while execution(db, eid)["status"] not in TERMINAL:
-        assert time.monotonic() < deadline, procs.logs()
+
+    def supervised_to_the_end() -> bool:
+        """The supervisor: restart any worker that died (same name, as a supervisor would), bounded."""
+        if execution(db, eid)["status"] in TERMINAL:
+            return True
         for n, proc in live.items():
             if proc.returncode is not None:
                 deaths.append(proc.returncode)
                 restarts[n] += 1
-                assert restarts[n] <= 3, procs.logs()
+                if restarts[n] > 3:
+                    raise GiveUp(f"{n} restarted more than 3 times\n{procs.logs()}")
                 live[n] = procs.start("worker", "--name", n, "--import", "killer", name=f"{n}-{restarts[n]}", env=env)
-        time.sleep(0.05)
+        return False
+
+    until(procs, supervised_to_the_end, timeout=40)
 
     done = execution(db, eid)
     assert done["status"] == "abandoned", done

@@ -7,7 +7,6 @@ monitor started" executor.log` finds)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +26,7 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.service import ExecutorService
 from conveyor.transport import messages as m
 from conveyor.transport.postgres import PostgresTransport
+from support.polling import until
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -73,13 +73,10 @@ async def test_the_sweep_counts_workers_with_stale_heartbeats(
 
 async def check_until(rec: Recovery) -> dict[str, int]:
     """The monitor's check, until the (short, real) timeout has passed."""
-    deadline = asyncio.get_running_loop().time() + 10
-    while asyncio.get_running_loop().time() < deadline:
-        result = await rec.check_scheduled_timeouts()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("the scheduled timeout never passed")
+    result: dict[str, int] = await until(
+        rec.check_scheduled_timeouts, timeout=10, what="the scheduled timeout passed", interval=0.05
+    )
+    return result
 
 
 async def test_the_timeout_monitor_says_scheduled_for_too_long(

@@ -8,7 +8,6 @@ what running them one after the other leaves.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,9 @@ from psycopg.types.json import Jsonb
 from conveyor.sdk import Client
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
+from integration.builders import waiting_on_a_lock
 from integration.model_world import finish_params
+from support.polling import eventually
 
 Conn = psycopg.Connection[dict[str, Any]]
 SCHEMA = "conveyor"
@@ -74,13 +75,7 @@ def _second_writer(db_url: str, statement: str, params: Any) -> tuple[threading.
 
 
 def _waits_for_a_lock(conn: Conn, pid: int) -> bool:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-        if row is not None and row["wait_event_type"] == "Lock":
-            return True
-        time.sleep(0.01)
-    return False
+    return eventually(lambda: waiting_on_a_lock(conn, pid), timeout=5, interval=0.01, message="no lock wait")
 
 
 def _admission(conn: Conn) -> tuple[list[int], list[int]]:

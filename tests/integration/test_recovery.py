@@ -27,6 +27,8 @@ from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.worker.liveness import Liveness
+from integration.builders import waiting_on_a_lock
+from support.polling import until
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -589,12 +591,7 @@ async def test_a_real_small_timeout_passes_with_time(conn: Conn, pool: Pool, tra
     add_worker(conn, "wa")
     [eid] = request(conn)
     await scheduler(pool, transport).run_round()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    result: dict[str, int] = {}
-    while not result and loop.time() < deadline:
-        result = await rec.check_scheduled_timeouts()
-        await asyncio.sleep(0.05)
+    result = await until(rec.check_scheduled_timeouts, timeout=10, what="the scheduled timeout passed", interval=0.05)
     assert result == {"rescheduled": 0, "failed": 1}
     assert row(conn, eid)["status"] == "failed"
 
@@ -732,12 +729,9 @@ async def test_guarded_recovery_writes_win_once_without_the_sweep_lock(
         second_pid = second.info.backend_pid
         blocked = asyncio.ensure_future(second.execute(Q["resolve_attempts"], params))
         # Poll (with a deadline) until the server shows it waiting on the first one's row lock.
-        deadline = asyncio.get_running_loop().time() + 10
-        while not conn.execute(
-            "SELECT wait_event_type = 'Lock' AS w FROM pg_stat_activity WHERE pid = %s", (second_pid,)
-        ).fetchone()["w"]:
-            assert asyncio.get_running_loop().time() < deadline, "the second update never waited for the lock"
-            await asyncio.sleep(0.02)
+        await until(
+            lambda: waiting_on_a_lock(conn, second_pid), timeout=10, what="the second update waited for the lock"
+        )
         assert not blocked.done()
         await first.commit()
         lost = await (await blocked).fetchall()
@@ -842,13 +836,15 @@ async def test_a_reconnecting_process_detaches_nothing_at_registration(
         old_session = _lock_holder(conn, worker_id)
         assert old_session is not None
         assert conn.execute("SELECT pg_terminate_backend(%s) AS ok", (old_session,)).fetchone()["ok"] is True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        # Reconnected: the lock is held again, by a new session.
-        while _lock_holder(conn, worker_id) in (None, old_session):
-            assert loop.time() < deadline, "the worker did not reconnect"
+
+        def reconnected() -> bool:
+            """The lock is held again, by a new session (and the heartbeat task never ended)."""
+            if _lock_holder(conn, worker_id) not in (None, old_session):
+                return True
             assert not beating.done()
-            await asyncio.sleep(0.05)
+            return False
+
+        await until(reconnected, timeout=15, what="the worker reconnected", interval=0.05)
         assert live.worker_id == worker_id
         assert lost == []
         assert (row(conn, eid)["status"], row(conn, eid)["worker"]) == ("running", worker_id)

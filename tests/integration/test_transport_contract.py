@@ -34,8 +34,8 @@ from integration.transport_kit import (
     new_transport,
     running,
     transport_settings,
-    until,
 )
+from support.polling import until
 
 BACKDATE = "UPDATE execution SET scheduled = now() - interval '1 hour' WHERE id = %s"  # past any TTL
 # The database publishes (wake()); tests call it directly only to publish twice or roll back.

@@ -26,8 +26,8 @@ from integration.transport_kit import (
     new_transport,
     running,
     transport_settings,
-    until,
 )
+from support.polling import until
 
 Pool = AsyncConnectionPool[Any]
 INSERT = "INSERT INTO execution (action_ref) VALUES ('core.noop') RETURNING id"

@@ -1,12 +1,11 @@
 """Shared by the tests of the transports (contract, wake-ups): recording doorbells, a
-running transport, workers and dispatches made as the scheduler makes them, and one
-polling helper with a deadline."""
+running transport, workers and dispatches made as the scheduler makes them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -32,20 +31,6 @@ class RecordingBell(Doorbell):
 
     def ids(self) -> list[int]:
         return [int(p) for ring in self.rings for p in ring.split(",") if p]
-
-
-async def until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:  # noqa: ASYNC109
-    """Poll ``predicate`` (sync or async) until truthy, with a deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
-        await asyncio.sleep(0.02)
 
 
 def declare_route(transport_kind: str, db_url: str) -> None:
