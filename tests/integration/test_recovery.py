@@ -15,28 +15,36 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
-from conveyor.config import Settings, WorkerSettings
+from conveyor.config import WorkerSettings
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus as S
-from conveyor.executor.recovery import NOT_PICKED_UP, WORKER_LOST, Recovery
-from conveyor.executor.scheduler import Scheduler
+from conveyor.executor.recovery import NOT_PICKED_UP, WORKER_LOST
 from conveyor.store.db import connect_sync, make_pool
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.worker.liveness import Liveness
-from integration.builders import waiting_on_a_lock
+from integration.builders import (
+    SCHEMA,
+    Conn,
+    Pool,
+    add_worker,
+    age_scheduled,
+    attempts,
+    claim,
+    finish,
+    kill,
+    recovery,
+    release,
+    request,
+    row,
+    scheduler,
+    start_on,
+    waiting_on_a_lock,
+    worker_status,
+)
 from support.polling import until
-
-Conn = psycopg.Connection[dict[str, Any]]
-Pool = AsyncConnectionPool[Any]
-
-SCHEMA = "conveyor"
-
-# Small helpers in the style of test_scheduler.py (copied, not imported: test modules
-# are not a library); the pool and transport fixtures are in conftest.py.
 
 
 @pytest.fixture
@@ -44,111 +52,6 @@ def lock_holder(db_url: str) -> Iterator[Conn]:
     """A separate session standing in for a live worker's liveness connection."""
     with connect_sync(db_url, SCHEMA, autocommit=True) as c:
         yield c
-
-
-def settings(**sections: dict[str, Any]) -> Settings:
-    return Settings(**sections)
-
-
-def recovery(pool: Pool, transport: PostgresTransport, **sections: dict[str, Any]) -> Recovery:
-    return Recovery(pool, settings(**sections))
-
-
-def scheduler(pool: Pool, transport: PostgresTransport) -> Scheduler:
-    return Scheduler(pool, executor_id="ex-test", batch_size=100, no_worker_grace=0,
-                     unplaceable_check_interval=0)  # fmt: skip
-
-
-def add_worker(
-    conn: Conn,
-    name: str,
-    *,
-    heartbeat: str = "now()",
-    stale_after: float = 30,
-    lock_epoch: str = "NULL",
-    status: str = "active",
-    capacity: int = 10,
-    lock_grace: float = 0,
-) -> int:
-    """A worker row. ``lock_epoch`` NULL means "no liveness lock to check" (only the
-    heartbeat decides); pg_postmaster_start_time() means its lock must be held.
-    ``lock_grace`` 0: a missing lock is fatal at the first sweep that sees it."""
-    return int(
-        conn.execute(
-            "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, stale_after, lock_epoch,"
-            " lock_grace) "
-            f"VALUES (%s, %s, '{{python,shell}}', '{{core.echo,core.noop,core.sleep}}', %s, {heartbeat}, %s, "
-            f"{lock_epoch}, %s) RETURNING id",
-            (name, status, capacity, stale_after, lock_grace),
-        ).fetchone()["id"]
-    )
-
-
-def kill(conn: Conn, worker: int) -> None:
-    """The worker stops heartbeating (long enough ago to be stale)."""
-    conn.execute("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (worker,))
-
-
-def worker_status(conn: Conn, worker: int) -> str:
-    return str(conn.execute("SELECT status FROM worker WHERE id = %s", (worker,)).fetchone()["status"])
-
-
-def request(conn: Conn, n: int = 1, ref: str = "core.noop", parameters: dict[str, Any] | None = None) -> list[int]:
-    return [
-        int(conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters or {}))).fetchone()["id"])
-        for _ in range(n)
-    ]
-
-
-def row(conn: Conn, eid: int) -> dict[str, Any]:
-    found = conn.execute("SELECT *, now() AS db_now FROM execution WHERE id = %s", (eid,)).fetchone()
-    assert found is not None
-    return dict(found)
-
-
-def attempts(conn: Conn, eid: int) -> list[dict[str, Any]]:
-    return list(
-        conn.execute("SELECT * FROM execution_attempt WHERE execution = %s ORDER BY attempt", (eid,)).fetchall()
-    )
-
-
-def claim(conn: Conn, worker: int, limit: int = 100) -> list[dict[str, Any]]:
-    return list(conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": limit}).fetchall())
-
-
-def finish(conn: Conn, worker: int, eid: int, attempt: int, status: str = "completed") -> list[int]:
-    found = conn.execute(
-        Q["finish"],
-        {
-            "worker": worker,
-            "ids": [eid],
-            "attempts": [attempt],
-            "statuses": [status],
-            "outcomes": [status],
-            "delays": [None],
-            "results": [Jsonb({"succeeded": status == "completed", "by": worker})],
-            "errors": [None if status == "completed" else "late"],
-        },
-    ).fetchall()
-    return [r["id"] for r in found]
-
-
-def release(conn: Conn, worker: int, eid: int, attempt: int) -> list[dict[str, Any]]:
-    """What a worker does with an execution it stopped: running -> requested, fenced."""
-    decisions = Decisions()
-    decisions.add({"id": eid, "attempt": attempt}, Decision(S.REQUESTED, None, "worker lost"))
-    params = decisions.params(AttemptEnd.WORKER_LOST, by="worker", from_statuses=(S.RUNNING,), worker=worker)
-    return list(conn.execute(Q["resolve_attempts"], params).fetchall())
-
-
-async def start_on(conn: Conn, pool: Pool, transport: PostgresTransport, worker: int, eid: int) -> int:
-    """Dispatch ``eid`` (the only live worker must be ``worker``) and start it there; its attempt."""
-    assert (await scheduler(pool, transport).run_round()).dispatched >= 1
-    current = row(conn, eid)
-    assert (current["status"], current["worker"]) == ("scheduled", worker)
-    started = [r for r in claim(conn, worker) if r["id"] == eid]
-    assert len(started) == 1
-    return int(started[0]["attempt"])
 
 
 # ---------------------------------------------------------------------------
@@ -512,16 +415,6 @@ async def test_recovery_does_not_touch_an_execution_that_finished_meanwhile(
 # ---------------------------------------------------------------------------
 # Schedule-to-start monitor
 # ---------------------------------------------------------------------------
-
-
-def age_scheduled(conn: Conn, ids: list[int], seconds: float) -> None:
-    """Move ``scheduled`` back in time (the execution guard stamps ``updated`` only)."""
-    with conn.transaction():
-        conn.execute("ALTER TABLE execution DISABLE TRIGGER execution_guard")
-        conn.execute(
-            "UPDATE execution SET scheduled = now() - make_interval(secs => %s) WHERE id = ANY(%s)", (seconds, ids)
-        )
-        conn.execute("ALTER TABLE execution ENABLE TRIGGER execution_guard")
 
 
 async def test_not_picked_up_is_rescheduled_elsewhere_then_failed(

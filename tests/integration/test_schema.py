@@ -23,6 +23,7 @@ from conveyor.app import prepare_database
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.domain.status import TRANSITIONS, ExecutionStatus, can_transition, edges
 from conveyor.store.migrate import check_version, known_migrations, migrate
+from integration.builders import add_worker
 
 SCHEMA = "conveyor"
 S = ExecutionStatus
@@ -254,19 +255,6 @@ result = $2,
 updated = NOW()
 WHERE id = $1"""
 MARK_INACTIVE = "UPDATE worker SET status = 'inactive', updated = NOW() WHERE id = $1"
-
-
-def add_worker(
-    conn: Conn, name: str, *, status: str = "active", heartbeat: str = "now()", updated: str = "now()"
-) -> int:
-    return int(
-        conn.execute(
-            f"INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, updated) "
-            f"VALUES (%s, %s, '{{python,shell}}', '{{core.echo,core.noop,core.sleep}}', 4, {heartbeat}, {updated}) "
-            "RETURNING id",
-            (name, status),
-        ).fetchone()["id"]
-    )
 
 
 def completed_on(conn: Conn, worker_id: int, worker_name: str) -> int:

@@ -18,6 +18,7 @@ from conveyor.executor.recovery import Recovery
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
+from integration.builders import add_worker
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -37,19 +38,6 @@ def epoch(conn: Conn, function: str = "current_server_epoch") -> Any:
     found = conn.execute(f"SELECT {function}() AS e").fetchone()
     assert found is not None
     return found["e"]
-
-
-def add_worker(conn: Conn, name: str, heartbeat: str = "now()") -> int:
-    """A worker that registered now (lock_epoch stamped as register_worker does) and whose
-    lock nobody holds: gone, by its lock, at the first sweep (lock_grace 0)."""
-    found = conn.execute(
-        "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, stale_after, lock_epoch,"
-        f" lock_grace) VALUES (%s, 'active', '{{python}}', '{{core.noop}}', 10, {heartbeat}, 30,"
-        " stamp_server_epoch(), 0) RETURNING id",
-        (name,),
-    ).fetchone()
-    assert found is not None
-    return int(found["id"])
 
 
 def statuses(conn: Conn) -> dict[str, str]:
@@ -87,8 +75,8 @@ def test_one_epoch_per_lifetime_of_the_server(conn: Conn) -> None:
 async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
     conn: Conn, lock_holder: Conn, pool: Pool, transport: PostgresTransport, fault: str
 ) -> None:
-    alive = add_worker(conn, "w-alive")
-    add_worker(conn, "w-silent", heartbeat="now() - interval '1 hour'")
+    alive = add_worker(conn, "w-alive", lock_epoch="stamp_server_epoch()")
+    add_worker(conn, "w-silent", heartbeat="now() - interval '1 hour'", lock_epoch="stamp_server_epoch()")
     conn.execute(fault)  # every lock is gone with the server; both missed it
 
     # Lock missing but taken in an earlier epoch: not judged; the heartbeat decides.
@@ -98,7 +86,7 @@ async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
 
     # Another worker registers first in the new lifetime and stamps its epoch: the others'
     # old locks still do not count, its own does -- a process dying now is found at once.
-    newcomer = add_worker(conn, "w-new")
+    newcomer = add_worker(conn, "w-new", lock_epoch="stamp_server_epoch()")
     assert lock_holder.execute("SELECT acquire_worker_lock(%s) AS ok", (newcomer,)).fetchone() == {"ok": True}
     assert (await sweep(pool, transport))["dead"] == 0
     assert live(conn) == ["w-alive", "w-new"]

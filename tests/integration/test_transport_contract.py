@@ -25,12 +25,10 @@ from conveyor.executor.dead_letters import EXPIRED_ERROR, DeadLetterHandler
 from conveyor.executor.service import ExecutorService
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic, Transport
+from integration.builders import execution, make_dispatches, make_worker
 from integration.transport_kit import (
     RecordingBell,
     declare_route,
-    execution,
-    make_dispatches,
-    make_worker,
     new_transport,
     running,
     transport_settings,

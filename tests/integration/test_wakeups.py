@@ -18,11 +18,10 @@ from conveyor.config import Settings
 from conveyor.sdk import Client
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic
+from integration.builders import make_dispatches, make_worker
 from integration.transport_kit import (
     RecordingBell,
     declare_route,
-    make_dispatches,
-    make_worker,
     new_transport,
     running,
     transport_settings,

@@ -13,7 +13,6 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
-from conveyor.store.queries import Q
 from conveyor.transport import make_transport
 from conveyor.transport.base import Doorbell, Transport
 
@@ -73,38 +72,3 @@ async def running(transport: Transport) -> AsyncIterator[Transport]:
 
 def new_transport(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], *, relay: bool) -> Transport:
     return make_transport(settings, db_url, pool, relay=relay, application_name="contract-test")
-
-
-async def make_worker(pool: AsyncConnectionPool[Any], name: str) -> int:
-    async with pool.connection() as conn:
-        row = await (
-            await conn.execute(
-                "INSERT INTO worker (name, runtimes, actions, capacity, stale_after, lock_grace, lock_epoch,"
-                " last_heartbeat) VALUES (%s, '{python}', '{core.noop}', 10, 3600, 1, pg_postmaster_start_time(),"
-                " now()) RETURNING id",
-                (name,),
-            )
-        ).fetchone()
-    assert row is not None
-    return int(row["id"])
-
-
-async def make_dispatches(conn: Any, worker: int, count: int = 1) -> list[int]:
-    """Executions moved requested -> scheduling -> scheduled onto ``worker`` (attempt 1),
-    as the scheduler does, in ``conn``'s transaction."""
-    rows = await (
-        await conn.execute(
-            "INSERT INTO execution (action_ref) SELECT 'core.noop' FROM generate_series(1, %s) RETURNING id", (count,)
-        )
-    ).fetchall()
-    ids = [r["id"] for r in rows]
-    await conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = ANY(%s)", (ids,))
-    await conn.execute(Q["assign"], {"ids": ids, "workers": [worker] * count, "executor": "t"})
-    return ids
-
-
-async def execution(pool: AsyncConnectionPool[Any], eid: int) -> dict[str, Any]:
-    async with pool.connection() as conn:
-        row = await (await conn.execute("SELECT * FROM execution WHERE id = %s", (eid,))).fetchone()
-    assert row is not None
-    return dict(row)
