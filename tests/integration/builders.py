@@ -19,6 +19,7 @@ from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus as S
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
+from conveyor.sdk import Client
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport.postgres import PostgresTransport
@@ -152,6 +153,14 @@ def row(conn: Conn, eid: int) -> dict[str, Any]:
     return dict(found)
 
 
+def rows(conn: Conn, ids: list[int] | None = None) -> dict[int, dict[str, Any]]:
+    """The execution rows by id: of ``ids``, or all."""
+    found = conn.execute(
+        "SELECT * FROM execution WHERE %s::bigint[] IS NULL OR id = ANY(%s) ORDER BY id", (ids, ids)
+    ).fetchall()
+    return {r["id"]: r for r in found}
+
+
 def status(conn: Conn, eid: int) -> str:
     return str(row(conn, eid)["status"])
 
@@ -186,6 +195,21 @@ def policy(
     """A concurrency policy on ``target`` (an action or a pack), as ``conveyor policy set`` makes it."""
     conn.execute(Q["set_policy"], {"target": target, "concurrency": concurrency, "parameters": list(parameters),
                                    "method": method})  # fmt: skip
+
+
+def holders(conn: Conn) -> list[int]:
+    """The executions holding an admission slot."""
+    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_slot ORDER BY execution")]
+
+
+def waiters(conn: Conn) -> list[int]:
+    """The executions waiting in an admission queue, in order."""
+    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_queue ORDER BY execution")]
+
+
+def client_of(conn: Conn) -> Client:
+    """An SDK client on the same database (it opens its own session)."""
+    return Client(conn.info.dsn, SCHEMA)
 
 
 # -- the worker's fenced writes -------------------------------------------------------------
@@ -251,6 +275,13 @@ async def start_on(conn: Conn, pool: Pool, transport: PostgresTransport, worker:
     started = [r for r in claim(conn, worker) if r["id"] == eid]
     assert len(started) == 1
     return int(started[0]["attempt"])
+
+
+async def run_one(conn: Conn, pool: Pool, transport: PostgresTransport, worker: int, executor: str = "ex-a") -> int:
+    """One scheduling round by ``executor``, then the worker starts what it got; the one it started."""
+    await scheduler(pool, transport, executor).run_round()
+    (started,) = claim(conn, worker)
+    return int(started["id"])
 
 
 # -- what the server shows ------------------------------------------------------------------

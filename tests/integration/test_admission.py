@@ -14,7 +14,6 @@ from psycopg.types.json import Jsonb
 from conveyor.config import Settings
 from conveyor.domain.errors import ConflictError
 from conveyor.executor.dead_letters import DeadLetterHandler
-from conveyor.sdk import Client
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
@@ -25,37 +24,20 @@ from integration.builders import (
     add_worker,
     age_scheduled,
     claim,
+    client_of,
     finish,
+    holders,
     kill,
     policy,
     recovery,
     release,
     request,
     row,
+    run_one,
     scheduler,
     status,
+    waiters,
 )
-
-
-def holders(conn: Conn) -> list[int]:
-    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_slot ORDER BY execution")]
-
-
-def waiters(conn: Conn) -> list[int]:
-    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_queue ORDER BY execution")]
-
-
-def client_of(conn: Conn) -> Client:
-    """An SDK client on the same database (it opens its own session)."""
-    return Client(conn.info.dsn, SCHEMA)
-
-
-async def run_one(conn: Conn, pool: Pool, transport: PostgresTransport, worker: int, executor: str = "ex-a") -> int:
-    """One scheduling round by ``executor``, then the worker starts what it got; the one it started."""
-    await scheduler(pool, transport, executor).run_round()
-    (started,) = claim(conn, worker)
-    return int(started["id"])
-
 
 # ---------------------------------------------------------------------------
 # Limits and FIFO

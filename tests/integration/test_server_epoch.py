@@ -6,7 +6,6 @@ restart renews pg_postmaster_start_time(), simulated by ageing the stored one.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,7 +14,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor.recovery import Recovery
-from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
 from integration.builders import add_worker
@@ -25,13 +23,6 @@ Pool = AsyncConnectionPool[Any]
 
 CRASH = "TRUNCATE server_epoch"  # what crash recovery does to an UNLOGGED table
 RESTART = "UPDATE server_epoch SET postmaster_start = postmaster_start - interval '1 day'"
-
-
-@pytest.fixture
-def lock_holder(db_url: str) -> Iterator[Conn]:
-    """A separate session standing in for a live worker's liveness connection."""
-    with connect_sync(db_url, "conveyor", autocommit=True) as c:
-        yield c
 
 
 def epoch(conn: Conn, function: str = "current_server_epoch") -> Any:

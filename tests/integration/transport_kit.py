@@ -1,5 +1,6 @@
 """Shared by the tests of the transports (contract, wake-ups): recording doorbells, a
-running transport, workers and dispatches made as the scheduler makes them."""
+running transport, a consumer that dies mid-delivery, and the dead letters recorded.
+The ``route`` and ``settings`` fixtures are in transport/conftest.py."""
 
 from __future__ import annotations
 
@@ -72,3 +73,21 @@ async def running(transport: Transport) -> AsyncIterator[Transport]:
 
 def new_transport(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], *, relay: bool) -> Transport:
     return make_transport(settings, db_url, pool, relay=relay, application_name="contract-test")
+
+
+class DyingBell(RecordingBell):
+    """Once armed, the consumer dies at its next delivery, after receiving it and before
+    acknowledging it: the task handling it is cancelled, as the process ending would stop it."""
+
+    armed = False
+    spare_wakeups = False  # die only on a message naming executions, not on a bare wake-up
+
+    def ring(self, payload: str = "") -> None:
+        super().ring(payload)
+        if self.armed and (payload or not self.spare_wakeups):
+            raise asyncio.CancelledError  # the consumer's task stops here, before its acknowledgement
+
+
+async def dead_letters(pool: AsyncConnectionPool[Any]) -> list[dict[str, Any]]:
+    async with pool.connection() as conn:
+        return [dict(r) for r in await (await conn.execute("SELECT * FROM dead_letter ORDER BY id")).fetchall()]
