@@ -1,5 +1,6 @@
 """Helpers for acceptance tests: start real ``conveyor`` processes, run CLI commands,
-and poll with a deadline (never a fixed sleep) until something becomes true."""
+and poll with a deadline (never a fixed sleep) until something becomes true.
+``eventually`` and ``stays`` are support.polling's, re-exported here."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from support.polling import GiveUp, eventually
+from support.polling import stays as stays  # re-exported: the acceptance modules import it from here
 
 CONVEYOR = [sys.executable, "-m", "conveyor"]
 
@@ -45,38 +48,9 @@ def conveyor_env(database_url: str | None, **overrides: object) -> dict[str, str
     return env
 
 
-def eventually(
-    fn: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, message: str | Callable[[], str] = ""
-) -> T:
-    """Call ``fn`` until it returns something truthy and return that; after ``timeout``
-    seconds raise AssertionError with the last value (or the last exception ``fn`` raised)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = fn()
-        except Exception as exc:  # keep polling; reported if it never succeeds
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            detail = message() if callable(message) else message
-            raise AssertionError(
-                f"not true after {timeout:g}s; last value: {last!r}" + (f"\n{detail}" if detail else "")
-            )
-        time.sleep(interval)
-
-
-def stays(fn: Callable[[], bool], duration: float, interval: float = 0.1, message: str = "") -> None:
-    """Assert ``fn`` is true on every check during ``duration`` seconds (a negative
-    assertion: nothing may happen for a while)."""
-    deadline = time.monotonic() + duration
-    while True:
-        assert fn(), message or "condition stopped holding"
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(interval)
+def until(procs: Procs, fn: Callable[[], T], timeout: float = 20.0, interval: float = 0.05) -> T:
+    """``eventually``, failing with the logs of every process the test started."""
+    return eventually(fn, timeout=timeout, interval=interval, message=procs.logs)
 
 
 def run_cli(
@@ -161,15 +135,17 @@ class Proc:
 
     def wait_for_log(self, text: str, timeout: float = 20.0) -> None:
         """Wait until ``text`` appears in stdout or stderr; fail at once if the process exits."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def logged() -> bool:
             if text in self.stderr() or text in self.stdout():
-                return
+                return True
             if self.returncode is not None:
-                raise AssertionError(f"{self.name} exited before logging {text!r}\n{self.logs()}")
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"{self.name} did not log {text!r} within {timeout:g}s\n{self.logs()}")
-            time.sleep(0.05)
+                raise GiveUp(f"{self.name} exited before logging {text!r}\n{self.logs()}")
+            return False
+
+        eventually(
+            logged, timeout, 0.05, lambda: f"{self.name} did not log {text!r} within {timeout:g}s\n{self.logs()}"
+        )
 
     def signal(self, sig: signal.Signals) -> None:
         self.popen.send_signal(sig)

@@ -7,11 +7,8 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
-import stat
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +21,6 @@ from acceptance.helpers import (
     conveyor_env,
     describe,
     eventually,
-    pid_alive,
     processes_with_argv,
     stays,
 )
@@ -267,70 +263,6 @@ def test_no_workers_fails_the_execution(procs: Procs) -> None:
     assert execution["status"] == "failed"
     assert "no workers available" in execution["result"]["error"]
     assert execution["worker"] is None
-
-
-# -- 9. the embedded PostgreSQL ----------------------------------------------------------------
-
-
-def _postmaster_pid(data_dir: Path) -> int | None:
-    try:
-        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-    except FileNotFoundError:
-        return None
-    return int(first) if first.strip().isdigit() else None
-
-
-def _server_gone(data_dir: Path) -> bool:
-    pid = _postmaster_pid(data_dir)
-    return pid is None or not pid_alive(pid)
-
-
-def test_up_with_embedded_postgres(procs: Procs) -> None:
-    # Not under pytest's tmp_path: its parents are 0700, and as root the server runs as
-    # the OS user `pgserver`, which must be able to reach its data directory.
-    base = Path(tempfile.mkdtemp(prefix="conveyor-acc-embedded-", dir="/tmp"))
-    base.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-    data_dir = base / "pgdata"
-    env = conveyor_env(None, CONVEYOR__EMBEDDED__DATA_DIR=data_dir)
-    try:
-        up = procs.start("up", name="up-embedded-1", env=env)
-        up.wait_for_log("Conveyor is up", timeout=60)
-        assert _postmaster_pid(data_dir) is not None
-
-        waited = procs.run("run", "core.echo", "message=embedded", "--wait", env=env)
-        assert waited.returncode == 0, describe(waited)
-        assert "embedded" in waited.stdout
-        assert waited.stderr == "", "nothing but the result for the user"
-        first = procs.json("executions", "list", env=env)  # summaries: a preview of the parameters
-        assert [(e["action_ref"], e["status"], e["parameters_preview"]) for e in first] == [
-            ("core.echo", "completed", '{"message": "embedded"}')
-        ]
-
-        up.signal(signal.SIGTERM)
-        assert up.wait(30) == 0, up.logs()
-        eventually(lambda: _server_gone(data_dir), timeout=15, message=up.logs)
-
-        # Commands other than `up` do not start the server: they say how to get one.
-        offline = procs.run("executions", "list", env=env)
-        assert offline.returncode == 1, describe(offline)
-        assert "conveyor up" in offline.stderr
-        assert "Traceback" not in offline.stderr
-
-        # The data outlives the server.
-        again = procs.start("up", name="up-embedded-2", env=env)
-        again.wait_for_log("Conveyor is up", timeout=60)
-        assert [e["id"] for e in procs.json("executions", "list", env=env)] == [first[0]["id"]]
-        again.signal(signal.SIGTERM)
-        assert again.wait(30) == 0, again.logs()
-        eventually(lambda: _server_gone(data_dir), timeout=15, message=again.logs)
-    finally:
-        procs.close()
-        procs.started.clear()
-        pid = _postmaster_pid(data_dir)
-        if pid is not None and pid_alive(pid):  # a failed run must not leave a server behind
-            os.kill(pid, signal.SIGQUIT)
-            eventually(lambda: not pid_alive(pid), timeout=15)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- 10. configuration -------------------------------------------------------------------

@@ -5,7 +5,7 @@ specified and the dead letter is recorded -- by real executor and worker process
 "Stopped" is SIGSTOP: the process holds its liveness lock and its heartbeat is still
 fresh, so it is dispatched to, but it takes nothing -- exactly the case a queue TTL is
 for. (A worker that dies is found by its released lock in about a second instead; see
-test_recovery.py.)
+test_worker_crashes.py.)
 """
 
 from __future__ import annotations

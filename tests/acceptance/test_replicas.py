@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from acceptance.helpers import Procs, conveyor_env, eventually
-from acceptance.test_recovery import RECOVERY_SETTINGS, start_executor, start_worker
+from acceptance.recovery_kit import RECOVERY_SETTINGS, start_executor, start_worker
 from conveyor.sdk import request_execution
 from conveyor.store.queries import Q
 from conveyor.transport.messages import Names, encode

@@ -18,6 +18,7 @@ from conveyor.domain.status import ExecutionStatus as S
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.worker.liveness import Liveness, NameInUseError
+from integration.builders import waiting_on_a_lock
 from integration.model_world import (
     SCHEMA,
     WORKER_CFG,
@@ -29,6 +30,7 @@ from integration.model_world import (
     noop,
     noop_lost,
 )
+from support.polling import until
 
 
 class WorkerEvents:
@@ -302,19 +304,16 @@ class WorkerEvents:
     async def until_done_or_waiting(self, task: asyncio.Task[Any]) -> None:
         """Until ``task`` has finished, or its statement waits for a lock (so it began
         before the other transaction commits, whatever the machine's speed)."""
-        for _ in range(1000):
+
+        def done_or_waiting() -> bool:
             if task.done():
-                return
-            if self.writer_pid is not None:
-                waiting = self.env.conn.execute(
-                    "SELECT wait_event_type = 'Lock' AS waiting FROM pg_stat_activity WHERE pid = %s",
-                    (self.writer_pid,),
-                ).fetchone()
-                if waiting and waiting["waiting"]:
-                    event("result waited for the cancel's locks")
-                    return
-            await asyncio.sleep(0.005)
-        pytest.fail("the result neither finished nor waited for a lock")
+                return True
+            if self.writer_pid is not None and waiting_on_a_lock(self.env.conn, self.writer_pid):
+                event("result waited for the cancel's locks")
+                return True
+            return False
+
+        await until(done_or_waiting, timeout=10, what="the result finished or waited for a lock", interval=0.005)
 
     def on_result_again(self, data: st.DataObject) -> None:
         """The same result message again: whatever became of the first, never taken now."""

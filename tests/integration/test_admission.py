@@ -6,63 +6,38 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.domain.errors import ConflictError
 from conveyor.executor.dead_letters import DeadLetterHandler
-from conveyor.executor.scheduler import Scheduler
-from conveyor.sdk import Client
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
-from integration.test_recovery import add_worker, age_scheduled, claim, finish, kill, recovery, release, request, row
-
-Conn = psycopg.Connection[dict[str, Any]]
-Pool = AsyncConnectionPool[Any]
-SCHEMA = "conveyor"
-
-
-def policy(
-    conn: Conn, target: str, concurrency: int, parameters: tuple[str, ...] = (), method: str = "enqueue"
-) -> None:
-    conn.execute(Q["set_policy"], {"target": target, "concurrency": concurrency, "parameters": list(parameters),
-                                   "method": method})  # fmt: skip
-
-
-def scheduler(pool: Pool, transport: PostgresTransport, executor_id: str = "ex-a") -> Scheduler:
-    return Scheduler(pool, executor_id=executor_id, batch_size=100, no_worker_grace=0,
-                     unplaceable_check_interval=0)  # fmt: skip
-
-
-def holders(conn: Conn) -> list[int]:
-    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_slot ORDER BY execution")]
-
-
-def waiters(conn: Conn) -> list[int]:
-    return [r["execution"] for r in conn.execute("SELECT execution FROM execution_admission_queue ORDER BY execution")]
-
-
-def client_of(conn: Conn) -> Client:
-    """An SDK client on the same database (it opens its own session)."""
-    return Client(conn.info.dsn, SCHEMA)
-
-
-def status(conn: Conn, eid: int) -> str:
-    return str(row(conn, eid)["status"])
-
-
-async def run_one(conn: Conn, pool: Pool, transport: PostgresTransport, worker: int, executor: str = "ex-a") -> int:
-    """One scheduling round by ``executor``, then the worker starts what it got; the one it started."""
-    await scheduler(pool, transport, executor).run_round()
-    (started,) = claim(conn, worker)
-    return int(started["id"])
-
+from integration.builders import (
+    SCHEMA,
+    Conn,
+    Pool,
+    add_worker,
+    age_scheduled,
+    claim,
+    client_of,
+    finish,
+    holders,
+    kill,
+    policy,
+    recovery,
+    release,
+    request,
+    row,
+    run_one,
+    scheduler,
+    status,
+    waiters,
+)
 
 # ---------------------------------------------------------------------------
 # Limits and FIFO
@@ -100,7 +75,7 @@ async def test_the_limit_holds_and_waiters_are_never_claimed(
     w = add_worker(conn, "w1", capacity=50)
     policy(conn, "core", 3)  # pack scope: every core.* action shares three slots
     ids = request(conn, 6, "core.noop") + request(conn, 4, "core.echo", {"message": "x"})
-    result = await scheduler(pool, transport).run_round()
+    result = await scheduler(pool, transport, "ex-a").run_round()
     assert result.dispatched == 3
     assert {e for e in ids if status(conn, e) == "scheduled"} == set(ids[:3])
     assert waiters(conn) == ids[3:]
@@ -208,7 +183,7 @@ async def _cancelled_before_dispatch(conn: Conn, pool: Pool, transport: Postgres
 
 
 async def _cancelled_when_scheduled(conn: Conn, pool: Pool, transport: PostgresTransport, w: int, eid: int) -> None:
-    await scheduler(pool, transport).run_round()
+    await scheduler(pool, transport, "ex-a").run_round()
     assert status(conn, eid) == "scheduled"
     with client_of(conn) as client:
         assert client.cancel(eid) == "cancelled"
@@ -223,7 +198,7 @@ async def _abandoned(conn: Conn, pool: Pool, transport: PostgresTransport, w: in
 
 
 async def _scheduled_timeout(conn: Conn, pool: Pool, transport: PostgresTransport, w: int, eid: int) -> None:
-    await scheduler(pool, transport).run_round()
+    await scheduler(pool, transport, "ex-a").run_round()
     age_scheduled(conn, [eid], 3600)
     rec = recovery(pool, transport, executor={"scheduled_timeout": 60, "scheduled_timeout_reschedules": 0})
     await rec.check_scheduled_timeouts()
@@ -231,7 +206,7 @@ async def _scheduled_timeout(conn: Conn, pool: Pool, transport: PostgresTranspor
 
 
 async def _dead_lettered(conn: Conn, pool: Pool, transport: PostgresTransport, w: int, eid: int) -> None:
-    await scheduler(pool, transport).run_round()
+    await scheduler(pool, transport, "ex-a").run_round()
     age_scheduled(conn, [eid], 3600)
     settings = Settings(executor={"scheduled_timeout_reschedules": 0})
     handler = DeadLetterHandler(pool, transport, settings, "ex-a")
@@ -242,7 +217,7 @@ async def _dead_lettered(conn: Conn, pool: Pool, transport: PostgresTransport, w
 async def _failed_by_scheduler(conn: Conn, pool: Pool, transport: PostgresTransport, w: int, eid: int) -> None:
     # What no live worker can run fails after the grace (0 here): no worker has core.sleep.
     conn.execute("UPDATE worker SET actions = '{core.echo}' WHERE id = %s", (w,))
-    await scheduler(pool, transport).run_round()
+    await scheduler(pool, transport, "ex-a").run_round()
     assert status(conn, eid) == "failed"
 
 
@@ -381,9 +356,9 @@ async def test_repair_admits_what_the_triggers_could_not_see(
     policy(conn, "core.noop", 1)
     first, second = request(conn, 2, "core.noop")
     conn.execute("DELETE FROM execution_admission_slot WHERE execution = %s", (first,))  # by hand
-    assert await scheduler(pool, transport).repair_admission() == 1
+    assert await scheduler(pool, transport, "ex-a").repair_admission() == 1
     assert holders(conn) == [second]
-    assert await scheduler(pool, transport).repair_admission() == 0
+    assert await scheduler(pool, transport, "ex-a").repair_admission() == 0
 
 
 async def test_idle_groups_are_forgotten_busy_ones_kept(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
@@ -393,7 +368,7 @@ async def test_idle_groups_are_forgotten_busy_ones_kept(conn: Conn, pool: Pool, 
     with client_of(conn) as client:
         client.cancel(idle)
     conn.execute("UPDATE execution_admission_group SET touched = now() - interval '2 hours'")
-    await scheduler(pool, transport).repair_admission()
+    await scheduler(pool, transport, "ex-a").repair_admission()
     left = [r["group_key"] for r in conn.execute("SELECT group_key FROM execution_admission_group")]
     assert left == [{"message": "busy"}]
 

@@ -19,7 +19,7 @@ from conveyor.api.auth import Role, create_token
 from conveyor.config import Settings
 from conveyor.store.db import make_pool
 from conveyor.transport.postgres import PostgresTransport
-from integration.test_api import Api, error_of
+from integration.api_kit import Api, error_of
 
 BODY = {"action_ref": "core.echo", "parameters": {"message": "once"}}
 # A bound on behaviour, not a benchmark: far above api.database_timeout, far below 30 s.

@@ -110,8 +110,8 @@ def api_schema(db_url: str, existing: dict[str, Any], admin_headers: dict[str, s
         asgi.shutdown_lifespans()  # the pool is closed before the database is dropped
 
 
-# The event stream never ends by itself (test_api.py reads it); revoking a token may revoke
-# the one these requests use (test_api.py covers revocation).
+# The event stream never ends by itself (test_api_stream.py reads it); revoking a token may revoke
+# the one these requests use (test_api_auth.py covers revocation).
 EXCLUDED = {("GET", "/api/v1/executions/stream"), ("DELETE", "/api/v1/tokens/{token_id}")}
 SETTINGS = hypothesis.settings(
     max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None,
@@ -178,7 +178,7 @@ JSON = st.recursive(
 
 def test_requests_with_any_parameters_are_201_or_422(api_schema: Any, admin_headers: dict[str, str]) -> None:
     """Real actions, arbitrary JSON parameters (huge numbers, NUL characters...; NaN and
-    Infinity, which no JSON client sends, are in test_api.py)."""
+    Infinity, which no JSON client sends, are in test_api_executions.py)."""
     operation = api_schema["/api/v1/executions"]["POST"]
     names = st.sampled_from(["message", "seconds", "cmd"]) | st.text(max_size=8)
     parameters = (

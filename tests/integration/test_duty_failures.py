@@ -12,14 +12,7 @@ from conveyor.config import Settings
 from conveyor.executor.service import ExecutorService
 from conveyor.metrics import DUTY_FAILING
 from conveyor.transport.postgres import PostgresTransport
-
-
-async def _until(predicate: Any, what: str, timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {what}")
-        await asyncio.sleep(0.01)
+from support.polling import until
 
 
 async def test_a_failing_duty_fails_readiness_until_it_recovers(pool: AsyncConnectionPool[Any], db_url: str) -> None:
@@ -36,14 +29,16 @@ async def test_a_failing_duty_fails_readiness_until_it_recovers(pool: AsyncConne
     stop = asyncio.Event()
     task = asyncio.create_task(executor._every(stop, 0.01, buggy_duty))
     try:
-        await _until(lambda: len(calls) >= 1, "the duty ran")
+        await until(lambda: len(calls) >= 1, timeout=10, what="the duty ran", interval=0.01)
         assert executor.ready  # one failure is retried, not yet reported
-        await _until(lambda: not executor.ready, "readiness failed after repeated failures")
+        await until(
+            lambda: not executor.ready, timeout=10, what="readiness failed after repeated failures", interval=0.01
+        )
         assert len(calls) >= 3
         assert executor.failing_duties == ["buggy_duty"]
         assert DUTY_FAILING.labels("buggy_duty")._value.get() == 1
         broken = False
-        await _until(lambda: executor.ready, "readiness back once the duty succeeds")
+        await until(lambda: executor.ready, timeout=10, what="readiness back once the duty succeeds", interval=0.01)
         assert executor.failing_duties == []
         assert DUTY_FAILING.labels("buggy_duty")._value.get() == 0
     finally:

@@ -17,6 +17,7 @@ from conveyor.config import Settings
 from conveyor.executor.service import ExecutorService
 from conveyor.store.db import connect_sync
 from conveyor.transport.postgres import PostgresTransport
+from support.polling import until
 
 Pool = AsyncConnectionPool[Any]
 
@@ -85,11 +86,13 @@ async def _freed_by_death(b: ExecutorService, db_url: str) -> None:
             admin.execute("SELECT pg_terminate_backend(%s)", (dying.info.backend_pid,))
         with pytest.raises(psycopg.OperationalError):
             dying.execute("SELECT 1")
-    deadline = asyncio.get_running_loop().time() + 10
-    while not runs:  # the server frees the lock as the terminated backend exits
-        assert asyncio.get_running_loop().time() < deadline, "the dead replica's duty lock was never freed"
+
+    async def ran() -> bool:
         await b._exclusively(sweep)
-        await asyncio.sleep(0.02)
+        return bool(runs)
+
+    # The server frees the lock as the terminated backend exits.
+    await until(ran, timeout=10, what="the dead replica's duty lock freed")
     assert runs == ["b"]
 
 

@@ -6,7 +6,6 @@ reused for another request is refused, and keys are purged after their retention
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,6 +22,8 @@ from conveyor.domain.idempotency import InvalidIdempotencyKeyError
 from conveyor.executor.service import ExecutorService
 from conveyor.sdk import Client, request_execution
 from conveyor.transport.postgres import PostgresTransport
+from integration.builders import waiting_on_a_lock
+from support.polling import eventually
 
 Conn = psycopg.Connection[dict[str, Any]]
 ONCE = "SELECT * FROM conveyor.request_execution_once('core.echo', %s, NULL, %s)"
@@ -51,18 +52,6 @@ def executions(conn: Conn, key: str | None = None) -> list[int]:
             "SELECT e.id FROM execution e JOIN execution_idempotency k ON k.execution = e.id WHERE k.key = %s", (key,)
         ).fetchall()
     return [r["id"] for r in rows]
-
-
-def waiting_on_a_lock(conn: Conn, pid: int) -> bool:
-    row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-    return row is not None and row["wait_event_type"] == "Lock"
-
-
-def poll(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not true after {timeout:g}s"
-        time.sleep(0.02)
 
 
 # -- the SQL function ----------------------------------------------------------------------
@@ -117,7 +106,7 @@ def test_sql_concurrent_same_key_waits_for_the_first(
     b_pid = b.info.backend_pid
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(lambda: b.execute(ONCE, (Jsonb(HI), "race")).fetchone())
-        poll(lambda: waiting_on_a_lock(conn, b_pid))
+        eventually(lambda: waiting_on_a_lock(conn, b_pid), timeout=10, interval=0.02)
         assert not second.done()
         if first_commits:
             a.commit()

@@ -7,7 +7,6 @@ monitor started" executor.log` finds)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +26,8 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.service import ExecutorService
 from conveyor.transport import messages as m
 from conveyor.transport.postgres import PostgresTransport
+from integration.builders import add_worker
+from support.polling import until
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -46,25 +47,13 @@ def lines(events: list[dict[str, Any]]) -> list[str]:
     return [str(e["event"]) for e in events]
 
 
-def add_worker(conn: Conn, name: str, heartbeat: str, lock_epoch: str = "NULL") -> int:
-    """A worker row; lock_epoch pg_postmaster_start_time() with no lock held = its process is gone."""
-    row = conn.execute(
-        "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, stale_after, lock_epoch,"
-        f" lock_grace) VALUES (%s, 'active', '{{python}}', '{{core.noop}}', 10, {heartbeat}, 30, {lock_epoch}, 0)"
-        " RETURNING id",
-        (name,),
-    ).fetchone()
-    assert row is not None
-    return int(row["id"])
-
-
 async def test_the_sweep_counts_workers_with_stale_heartbeats(
     conn: Conn, pool: Pool, transport: PostgresTransport, logged: list[dict[str, Any]]
 ) -> None:
     for n in range(2):
-        add_worker(conn, f"w-stale-{n}", "now() - interval '1 hour'")
-    add_worker(conn, "w-gone", "now()", lock_epoch="pg_postmaster_start_time()")
-    add_worker(conn, "w-fresh", "now()")
+        add_worker(conn, f"w-stale-{n}", heartbeat="now() - interval '1 hour'")
+    add_worker(conn, "w-gone", heartbeat="now()", lock_epoch="pg_postmaster_start_time()")
+    add_worker(conn, "w-fresh", heartbeat="now()")
     assert (await Recovery(pool, Settings()).sweep())["dead"] == 3
     assert "Deactivated 2 worker(s) with stale heartbeats" in lines(logged)
     assert "Deactivated 1 worker(s) whose process is gone" in lines(logged)
@@ -73,19 +62,16 @@ async def test_the_sweep_counts_workers_with_stale_heartbeats(
 
 async def check_until(rec: Recovery) -> dict[str, int]:
     """The monitor's check, until the (short, real) timeout has passed."""
-    deadline = asyncio.get_running_loop().time() + 10
-    while asyncio.get_running_loop().time() < deadline:
-        result = await rec.check_scheduled_timeouts()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("the scheduled timeout never passed")
+    result: dict[str, int] = await until(
+        rec.check_scheduled_timeouts, timeout=10, what="the scheduled timeout passed", interval=0.05
+    )
+    return result
 
 
 async def test_the_timeout_monitor_says_scheduled_for_too_long(
     conn: Conn, pool: Pool, transport: PostgresTransport, logged: list[dict[str, Any]]
 ) -> None:
-    add_worker(conn, "w-silent", "now()")  # alive, but never starts what it is given
+    add_worker(conn, "w-silent", heartbeat="now()")  # alive, but never starts what it is given
     row = conn.execute("SELECT request_execution('core.noop', %s) AS id", (Jsonb({}),)).fetchone()
     assert row is not None
     eid = row["id"]

@@ -7,13 +7,9 @@ before and after."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-import psycopg
 import pytest
 from prometheus_client import REGISTRY
-from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor import gauges
@@ -22,9 +18,7 @@ from conveyor.executor.recovery import Recovery
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.postgres import PostgresTransport
-
-Conn = psycopg.Connection[dict[str, Any]]
-Pool = AsyncConnectionPool[Any]
+from integration.builders import Conn, Pool, add_worker, kill, request_one
 
 
 def value(name: str, **labels: str) -> float | None:
@@ -33,22 +27,6 @@ def value(name: str, **labels: str) -> float | None:
 
 def count(name: str, **labels: str) -> float:
     return value(name, **labels) or 0.0
-
-
-def add_worker(conn: Conn, name: str, *, status: str = "active", heartbeat: str | None = "now()") -> int:
-    beat = heartbeat or "NULL"
-    return int(
-        conn.execute(
-            "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, stale_after) "
-            f"VALUES (%s, %s, '{{python,shell}}', '{{core.echo,core.noop,core.sleep}}', 10, {beat}, 30) RETURNING id",
-            (name, status),
-        ).fetchone()["id"]
-    )
-
-
-def request(conn: Conn, ref: str = "core.noop") -> int:
-    parameters = {"core.sleep": {"seconds": 1}, "core.echo": {"message": "hi"}}.get(ref, {})
-    return int(conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters))).fetchone()["id"])
 
 
 def move(conn: Conn, eid: int, to: str, worker: int | None = None) -> None:
@@ -74,10 +52,6 @@ def move(conn: Conn, eid: int, to: str, worker: int | None = None) -> None:
             conn.execute("UPDATE execution SET status = %s WHERE id = %s", (status, eid))
 
 
-def kill(conn: Conn, worker: int) -> None:
-    conn.execute("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (worker,))
-
-
 async def test_gauges_report_executions_workers_and_backlog_ages(conn: Conn, pool: Pool) -> None:
     fresh = add_worker(conn, "fresh")
     stale = add_worker(conn, "stale", heartbeat="now() - interval '1 hour'")
@@ -85,20 +59,20 @@ async def test_gauges_report_executions_workers_and_backlog_ages(conn: Conn, poo
     add_worker(conn, "draining", status="draining")
     add_worker(conn, "gone", status="inactive", heartbeat="now() - interval '1 day'")
 
-    old_request = request(conn, "core.echo")
+    old_request = request_one(conn, "core.echo")
     conn.execute("UPDATE execution SET created = now() - interval '120 seconds' WHERE id = %s", (old_request,))
-    request(conn, "core.echo")
-    backing_off = request(conn)  # waits out a backoff: counted, but not waiting to be placed
+    request_one(conn, "core.echo")
+    backing_off = request_one(conn)  # waits out a backoff: counted, but not waiting to be placed
     conn.execute(
         "UPDATE execution SET created = now() - interval '1 hour', not_before = now() + interval '1 hour' "
         "WHERE id = %s",
         (backing_off,),
     )
-    scheduled = request(conn)
+    scheduled = request_one(conn)
     move(conn, scheduled, "scheduled", fresh)
     conn.execute("UPDATE execution SET scheduled = now() - interval '400 seconds' WHERE id = %s", (scheduled,))
-    move(conn, request(conn, "core.sleep"), "running", fresh)
-    move(conn, request(conn, "core.echo"), "completed", fresh)
+    move(conn, request_one(conn, "core.sleep"), "running", fresh)
+    move(conn, request_one(conn, "core.echo"), "completed", fresh)
 
     gauges.GAUGES.clear()
     assert value("conveyor_workers", status="active") is None  # nothing measured, nothing exported
@@ -152,11 +126,11 @@ async def test_sweep_counts_recoveries_by_kind_and_worker_downtime(
     conn.execute(
         """UPDATE action SET metadata = metadata || '{"on_worker_lost": "abandon"}' WHERE ref = 'core.sleep'"""
     )
-    requeued, abandoned, cancelled = request(conn), request(conn, "core.sleep"), request(conn)
+    requeued, abandoned, cancelled = request_one(conn), request_one(conn, "core.sleep"), request_one(conn)
     for eid in (requeued, abandoned, cancelled):
         move(conn, eid, "running", worker)
     conn.execute("UPDATE execution SET status = 'canceling' WHERE id = %s", (cancelled,))
-    handed_back = request(conn)
+    handed_back = request_one(conn)
     move(conn, handed_back, "scheduled", worker)
     kill(conn, worker)
 
@@ -182,11 +156,11 @@ async def test_schedule_to_start_monitor_counts_scheduled_timeouts(
     conn: Conn, pool: Pool, transport: PostgresTransport
 ) -> None:
     worker = add_worker(conn, "idle")
-    overdue = [request(conn) for _ in range(2)]
+    overdue = [request_one(conn) for _ in range(2)]
     for eid in overdue:
         move(conn, eid, "scheduled", worker)
     conn.execute("UPDATE execution SET scheduled = now() - interval '1 hour' WHERE id = ANY(%s)", (overdue,))
-    move(conn, request(conn), "scheduled", worker)  # recent: not a timeout
+    move(conn, request_one(conn), "scheduled", worker)  # recent: not a timeout
 
     before = count("conveyor_execution_timeouts_total", kind="scheduled")
     result = await Recovery(pool, Settings()).check_scheduled_timeouts()
@@ -203,7 +177,7 @@ async def test_claim_reports_time_since_request(conn: Conn, attempt: int) -> Non
     from conveyor.worker.instrument import observe_claims
 
     worker = add_worker(conn, "claimer")
-    eid = request(conn)
+    eid = request_one(conn)
     conn.execute("UPDATE execution SET created = now() - interval '3 seconds' WHERE id = %s", (eid,))
     move(conn, eid, "scheduled", worker)
     conn.execute("UPDATE execution SET attempt = %s WHERE id = %s", (attempt, eid))
@@ -223,7 +197,7 @@ async def test_claim_reports_time_since_request(conn: Conn, attempt: int) -> Non
 
 async def test_admission_gauges_count_slots_and_waiters_per_policy(conn: Conn, pool: Pool) -> None:
     conn.execute(Q["set_policy"], {"target": "core.echo", "concurrency": 1, "parameters": [], "method": "enqueue"})
-    first, *waiting = (request(conn, "core.echo") for _ in range(3))
+    first, *waiting = (request_one(conn, "core.echo") for _ in range(3))
     conn.execute("UPDATE execution_admission_queue SET enqueued = now() - interval '60 seconds'")
     await gauges.refresh(pool)
     assert value("conveyor_admission_slots_held", policy="core.echo") == 1
@@ -242,7 +216,7 @@ async def test_dead_letter_metrics_count_by_reason_and_resolution(conn: Conn, po
     is what waits for an operator (on PostgreSQL: the unresolved records)."""
     settings = Settings()
     handler = DeadLetterHandler(pool, PostgresTransport(db_url, "conveyor"), settings, "test-executor")
-    finished = request(conn, "core.echo")
+    finished = request_one(conn, "core.echo")
     move(conn, finished, "completed", add_worker(conn, "w"))
     stale_before = count("conveyor_dead_letters_total", reason="expired", resolution="stale")
     timed_before = count("conveyor_dead_letter_handler_seconds_count")

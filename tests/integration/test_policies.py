@@ -16,11 +16,9 @@ from conveyor.domain.errors import ConflictError, InvalidPolicyError, NotFoundEr
 from conveyor.sdk import Client
 from conveyor.store.queries import Q
 from conveyor.store.rows import action_row
-from integration import test_api
-from integration.test_api import Api, error_of, request
+from integration.api_kit import Api, error_of, request
 
 Conn = psycopg.Connection[dict[str, Any]]
-api, settings = test_api.api, test_api.settings  # test_api's fixtures, reused here
 
 
 @pytest.fixture

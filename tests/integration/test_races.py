@@ -8,7 +8,6 @@ what running them one after the other leaves.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,9 @@ from psycopg.types.json import Jsonb
 from conveyor.sdk import Client
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
+from integration.builders import request, waiting_on_a_lock
 from integration.model_world import finish_params
+from support.polling import eventually
 
 Conn = psycopg.Connection[dict[str, Any]]
 SCHEMA = "conveyor"
@@ -34,11 +35,6 @@ def _worker(conn: Conn) -> int:
     return int(conn.execute(Q["register_worker"], _WORKER).fetchone()["id"])
 
 
-def _request(conn: Conn, message: str = "a") -> int:
-    row = conn.execute("SELECT request_execution('core.echo', %s) AS id", (Jsonb({"message": message}),)).fetchone()
-    return int(row["id"])
-
-
 def _claim(conn: Conn) -> list[int]:
     rows = conn.execute(
         Q["claim_requested"], {"limit": 10, "executor": "ex", "refs": ["core.echo"], "runtimes": []}
@@ -51,7 +47,7 @@ def _one_slot_and_two_waiters(conn: Conn) -> tuple[int, int, int, int]:
     and W2 wait in that order. Returns (worker, X, W, W2)."""
     conn.execute(Q["set_policy"], {"target": "core.echo", "concurrency": 1, "parameters": ["message"],
                                    "method": "enqueue"})  # fmt: skip
-    x, w, w2 = (_request(conn) for _ in range(3))
+    x, w, w2 = request(conn, 3, "core.echo", {"message": "a"})
     worker = _worker(conn)
     assert _claim(conn) == [x]
     conn.execute(Q["assign"], {"ids": [x], "workers": [worker], "executor": "ex"})
@@ -74,13 +70,7 @@ def _second_writer(db_url: str, statement: str, params: Any) -> tuple[threading.
 
 
 def _waits_for_a_lock(conn: Conn, pid: int) -> bool:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-        if row is not None and row["wait_event_type"] == "Lock":
-            return True
-        time.sleep(0.01)
-    return False
+    return eventually(lambda: waiting_on_a_lock(conn, pid), timeout=5, interval=0.01, message="no lock wait")
 
 
 def _admission(conn: Conn) -> tuple[list[int], list[int]]:
@@ -141,7 +131,7 @@ def test_a_cancel_that_waited_on_the_dispatch_closes_the_attempt_the_dispatch_cr
     that attempt too -- run in one statement it could not see the attempt (its snapshot
     predates the dispatch) and left it open for ever (found by the chaos suite)."""
     worker = _worker(conn)
-    x = _request(conn)
+    [x] = request(conn, 1, "core.echo", {"message": "a"})
     assert _claim(conn) == [x]
     client = Client(db_url)
     answer: list[str] = []

@@ -1,70 +1,18 @@
-"""The executor's scheduling round and the worker-side fenced queries against the
-real database, without starting any process."""
+"""The executor's scheduling round against the real database, without starting any
+process: dispatch (least loaded, capacity, no live or capable worker, the grace), stale
+claims, and concurrent executors."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
-from conveyor.executor.scheduler import RoundResult, Scheduler
+from conveyor.executor.scheduler import RoundResult
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
-
-Conn = psycopg.Connection[dict[str, Any]]
-Pool = AsyncConnectionPool[Any]
-
-
-def scheduler(
-    pool: Pool,
-    transport: PostgresTransport,
-    *,
-    executor_id: str = "ex-test",
-    batch_size: int = 100,
-    no_worker_grace: float = 0,
-) -> Scheduler:
-    return Scheduler(
-        pool,
-        executor_id=executor_id,
-        batch_size=batch_size,
-        no_worker_grace=no_worker_grace,
-        unplaceable_check_interval=0,
-    )
-
-
-def add_worker(
-    conn: Conn,
-    name: str,
-    capacity: int = 10,
-    *,
-    heartbeat: str = "now()",
-    status: str = "active",
-    actions: str = "{core.echo,core.noop,core.sleep}",
-) -> int:
-    return int(
-        conn.execute(
-            "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat) "
-            f"VALUES (%s, %s, '{{python,shell}}', %s, %s, {heartbeat}) RETURNING id",
-            (name, status, actions, capacity),
-        ).fetchone()["id"]
-    )
-
-
-def request(conn: Conn, n: int = 1, ref: str = "core.noop", parameters: dict[str, Any] | None = None) -> list[int]:
-    return [
-        int(conn.execute("SELECT request_execution(%s, %s) AS id", (ref, Jsonb(parameters or {}))).fetchone()["id"])
-        for _ in range(n)
-    ]
-
-
-def rows(conn: Conn, ids: list[int] | None = None) -> dict[int, dict[str, Any]]:
-    found = conn.execute(
-        "SELECT * FROM execution WHERE %s::bigint[] IS NULL OR id = ANY(%s) ORDER BY id", (ids, ids)
-    ).fetchall()
-    return {r["id"]: r for r in found}
+from integration.builders import Conn, Pool, add_worker, claim, finish_all, request, rows, scheduler
 
 
 def statuses(conn: Conn) -> dict[str, int]:
@@ -79,29 +27,6 @@ def loads(conn: Conn) -> dict[int, int]:
             "AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load FROM worker w"
         ).fetchall()
     }
-
-
-def claim(conn: Conn, worker: int, limit: int = 100) -> list[dict[str, Any]]:
-    return conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": limit}).fetchall()
-
-
-def finish(
-    conn: Conn, worker: int, done: list[tuple[int, int]], status: str = "completed", error: str | None = None
-) -> list[int]:
-    found = conn.execute(
-        Q["finish"],
-        {
-            "worker": worker,
-            "ids": [eid for eid, _ in done],
-            "attempts": [attempt for _, attempt in done],
-            "statuses": [status] * len(done),
-            "outcomes": [status] * len(done),
-            "delays": [None] * len(done),
-            "results": [Jsonb({"succeeded": status == "completed", "error": error})] * len(done),
-            "errors": [error] * len(done),
-        },
-    ).fetchall()
-    return [r["id"] for r in found]
 
 
 # ---------------------------------------------------------------------------
@@ -182,7 +107,7 @@ async def test_capacity_is_never_exceeded(conn: Conn, pool: Pool, transport: Pos
     assert {r["executor"] for r in rows(conn, ids).values() if r["status"] == "requested"} == {None}
     # A slot frees: exactly one more is dispatched.
     running = claim(conn, w, limit=1)
-    assert finish(conn, w, [(running[0]["id"], running[0]["attempt"])]) == [running[0]["id"]]
+    assert finish_all(conn, w, [(running[0]["id"], running[0]["attempt"])]) == [running[0]["id"]]
     assert (await s.run_round()).dispatched == 1
     assert loads(conn) == {w: 3}
     assert statuses(conn) == {"requested": 1, "scheduled": 3, "completed": 1}
@@ -396,7 +321,7 @@ async def test_concurrent_schedulers_never_double_dispatch(
         # The workers run what they were given and free their slots.
         for worker in capacity:
             started = claim(conn, worker)
-            done = finish(conn, worker, [(r["id"], r["attempt"]) for r in started])
+            done = finish_all(conn, worker, [(r["id"], r["attempt"]) for r in started])
             assert sorted(done) == sorted(r["id"] for r in started)
         if statuses(conn).get("completed") == total:
             break
@@ -408,86 +333,3 @@ async def test_concurrent_schedulers_never_double_dispatch(
     assert len(per_execution) == total
     assert {r["n"] for r in per_execution} == {1}
     assert {r["executor"] for r in found.values()} <= {"ex-a", "ex-b"}
-
-
-# ---------------------------------------------------------------------------
-# Worker-side fenced queries
-# ---------------------------------------------------------------------------
-
-
-async def test_claim_scheduled_only_returns_this_workers_executions(
-    conn: Conn, pool: Pool, transport: PostgresTransport
-) -> None:
-    a = add_worker(conn, "wa")
-    b = add_worker(conn, "wb")
-    request(conn, 4)
-    await scheduler(pool, transport).run_round()
-    mine = {eid for eid, r in rows(conn).items() if r["worker"] == a}
-    got = claim(conn, a)
-    assert {r["id"] for r in got} == mine
-    assert all(r["attempt"] == 1 and r["action_ref"] == "core.noop" and r["runner_type"] == "python" for r in got)
-    found = rows(conn)
-    assert {found[eid]["status"] for eid in mine} == {"running"}
-    assert {r["status"] for r in found.values() if r["worker"] == b} == {"scheduled"}
-    assert claim(conn, a) == []  # already running: not claimed twice
-    started = conn.execute("SELECT execution, started FROM execution_attempt WHERE worker = %s", (a,)).fetchall()
-    assert all(r["started"] is not None for r in started)
-
-
-async def test_finish_is_fenced_by_worker_and_attempt(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
-    a = add_worker(conn, "wa")
-    b = add_worker(conn, "wb", heartbeat="now() - interval '1 hour'")
-    [eid] = request(conn)
-    s = scheduler(pool, transport)
-    await s.run_round()
-    [running] = claim(conn, a)
-    assert running["attempt"] == 1
-
-    before = rows(conn, [eid])[eid]
-    assert finish(conn, a, [(eid, 2)]) == []  # wrong attempt
-    assert finish(conn, b, [(eid, 1)]) == []  # wrong worker
-    assert rows(conn, [eid])[eid] == before
-    assert before["status"] == "running"
-
-    # The run is lost (recovery puts it back), and it is dispatched again to b.
-    conn.execute("UPDATE execution SET status = 'requested', worker = NULL, executor = NULL WHERE id = %s", (eid,))
-    conn.execute("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (a,))
-    conn.execute("UPDATE worker SET last_heartbeat = now() WHERE id = %s", (b,))
-    await s.run_round()
-    [again] = claim(conn, b)
-    assert again["attempt"] == 2
-    # The old attempt's late result is refused ...
-    assert finish(conn, a, [(eid, 1)], status="failed", error="late") == []
-    assert rows(conn, [eid])[eid]["status"] == "running"
-    # ... the current one is recorded.
-    assert finish(conn, b, [(eid, 2)]) == [eid]
-    row = rows(conn, [eid])[eid]
-    assert row["status"] == "completed"
-    assert row["result"] == {"succeeded": True, "error": None}
-    assert row["ended"] is not None
-    attempts = conn.execute("SELECT * FROM execution_attempt WHERE execution = %s ORDER BY attempt", (eid,)).fetchall()
-    assert [(t["attempt"], t["worker_name"], t["outcome"]) for t in attempts] == [
-        (1, "wa", None),
-        (2, "wb", "completed"),
-    ]
-    assert attempts[1]["ended"] == row["ended"]
-    # Finishing twice changes nothing.
-    assert finish(conn, b, [(eid, 2)], status="failed") == []
-    assert rows(conn, [eid])[eid]["status"] == "completed"
-
-
-async def test_finish_records_failure_outcome(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
-    w = add_worker(conn, "w1")
-    ids = request(conn, 2)
-    await scheduler(pool, transport).run_round()
-    started = claim(conn, w)
-    done = [(r["id"], r["attempt"]) for r in started]
-    assert sorted(finish(conn, w, done[:1], status="failed", error="boom")) == [done[0][0]]
-    assert finish(conn, w, done[1:], status="timeout", error="took too long") == [done[1][0]]
-    found = rows(conn, ids)
-    assert found[done[0][0]]["status"] == "failed"
-    assert found[done[1][0]]["status"] == "timeout"
-    outcomes = {
-        r["execution"]: (r["outcome"], r["error"]) for r in conn.execute("SELECT * FROM execution_attempt").fetchall()
-    }
-    assert outcomes == {done[0][0]: ("failed", "boom"), done[1][0]: ("timeout", "took too long")}

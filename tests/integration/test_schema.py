@@ -1,13 +1,11 @@
-"""The schema against a real PostgreSQL: migrations, the transition graph the
-database enforces, the seeds' runbook SQL, and database-clock timestamps."""
+"""The schema against a real PostgreSQL: the transition graph the database enforces,
+the seeds' runbook SQL, and database-clock timestamps."""
 
 from __future__ import annotations
 
 import itertools
 import re
-import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,14 +17,10 @@ from psycopg.errors import CheckViolation
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from conveyor.app import prepare_database
-from conveyor.domain.errors import SchemaTooNewError
 from conveyor.domain.status import TRANSITIONS, ExecutionStatus, can_transition, edges
-from conveyor.store.migrate import check_version, known_migrations, migrate
+from integration.builders import Conn, add_worker
 
-SCHEMA = "conveyor"
 S = ExecutionStatus
-Conn = psycopg.Connection[dict[str, Any]]
 
 
 def _path_to(target: ExecutionStatus) -> list[ExecutionStatus]:
@@ -56,100 +50,6 @@ def new_execution(conn: Conn, status: ExecutionStatus = S.REQUESTED) -> int:
 
 def execution_row(conn: Conn, eid: int) -> dict[str, Any]:
     return conn.execute("SELECT * FROM execution WHERE id = %s", (eid,)).fetchone()
-
-
-# ---------------------------------------------------------------------------
-# Migrations
-# ---------------------------------------------------------------------------
-
-
-def _migration_rows(url: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url) as c:
-        return c.execute(f"SELECT version, name, checksum FROM {SCHEMA}.schema_migration ORDER BY version").fetchall()
-
-
-def test_migrating_twice_is_a_no_op(db_url: str) -> None:
-    before = _migration_rows(db_url)
-    assert [r[0] for r in before] == [m.version for m in known_migrations()]
-    assert migrate(db_url, SCHEMA) == []
-    assert migrate(db_url, SCHEMA) == []
-    assert _migration_rows(db_url) == before
-    assert check_version(db_url, SCHEMA) == known_migrations()[-1].version
-
-
-def test_migrating_an_empty_database_then_again(empty_db_url: str) -> None:
-    assert check_version(empty_db_url, SCHEMA) == 0
-    applied = migrate(empty_db_url, SCHEMA)
-    assert [m.version for m in applied] == [m.version for m in known_migrations()]
-    assert migrate(empty_db_url, SCHEMA) == []
-    rows = _migration_rows(empty_db_url)
-    assert [(v, c) for v, _, c in rows] == [(m.version, m.checksum) for m in known_migrations()]
-
-
-def test_concurrent_migrations_of_an_empty_database(empty_db_url: str) -> None:
-    n = 8
-    barrier = threading.Barrier(n)
-
-    def run() -> list[int]:
-        barrier.wait(timeout=10)
-        return [m.version for m in migrate(empty_db_url, SCHEMA)]
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        results = [f.result(timeout=60) for f in [pool.submit(run) for _ in range(n)]]
-    everything = [m.version for m in known_migrations()]
-    # Exactly one migrator applied everything; every other one found it done.
-    assert sorted(results, key=len, reverse=True) == [everything] + [[]] * (n - 1)
-    rows = _migration_rows(empty_db_url)
-    assert [r[0] for r in rows] == everything
-    with psycopg.connect(empty_db_url) as c:
-        assert c.execute(f"SELECT count(*) FROM {SCHEMA}.execution_transition").fetchone()[0] == len(edges())
-        # The advisory lock was released by every migrator.
-        assert (
-            c.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            ).fetchone()[0]
-            == 0
-        )
-
-
-def test_concurrent_startups_prepare_the_database_once(empty_db_url: str) -> None:
-    """What every service does on start (migrate + record the core pack), all at once."""
-    n = 6
-    barrier = threading.Barrier(n)
-
-    def run() -> int:
-        barrier.wait(timeout=10)
-        return len(prepare_database(empty_db_url, SCHEMA))
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        applied = sorted(f.result(timeout=60) for f in [pool.submit(run) for _ in range(n)])
-    assert applied == [0] * (n - 1) + [len(known_migrations())]
-    with psycopg.connect(empty_db_url) as c:
-        refs = [r[0] for r in c.execute(f"SELECT ref FROM {SCHEMA}.action ORDER BY ref").fetchall()]
-    assert refs == ["core.echo", "core.local", "core.noop", "core.sleep"]
-
-
-def test_a_newer_schema_is_refused(db_url: str) -> None:
-    newest = known_migrations()[-1].version
-    with psycopg.connect(db_url) as c:
-        c.execute(
-            f"INSERT INTO {SCHEMA}.schema_migration (version, name, checksum) VALUES (%s, 'future', 'x')", (newest + 1,)
-        )
-    with pytest.raises(SchemaTooNewError, match=rf"version {newest + 1}, newer than this Conveyor knows"):
-        migrate(db_url, SCHEMA)
-    with pytest.raises(SchemaTooNewError, match="upgrade Conveyor"):
-        check_version(db_url, SCHEMA)
-    assert [r[0] for r in _migration_rows(db_url)] == [*range(1, newest + 1), newest + 1]
-
-
-def test_a_tampered_checksum_is_refused(db_url: str) -> None:
-    with psycopg.connect(db_url) as c:
-        c.execute(f"UPDATE {SCHEMA}.schema_migration SET checksum = 'tampered' WHERE version = 1")
-    with pytest.raises(SchemaTooNewError, match="immutable"):
-        migrate(db_url, SCHEMA)
-    with pytest.raises(SchemaTooNewError, match=r"0001_initial .* differs"):
-        check_version(db_url, SCHEMA)
 
 
 # ---------------------------------------------------------------------------
@@ -254,19 +154,6 @@ result = $2,
 updated = NOW()
 WHERE id = $1"""
 MARK_INACTIVE = "UPDATE worker SET status = 'inactive', updated = NOW() WHERE id = $1"
-
-
-def add_worker(
-    conn: Conn, name: str, *, status: str = "active", heartbeat: str = "now()", updated: str = "now()"
-) -> int:
-    return int(
-        conn.execute(
-            f"INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, updated) "
-            f"VALUES (%s, %s, '{{python,shell}}', '{{core.echo,core.noop,core.sleep}}', 4, {heartbeat}, {updated}) "
-            "RETURNING id",
-            (name, status),
-        ).fetchone()["id"]
-    )
 
 
 def completed_on(conn: Conn, worker_id: int, worker_name: str) -> int:

@@ -6,7 +6,6 @@ restart renews pg_postmaster_start_time(), simulated by ageing the stored one.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,9 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor.recovery import Recovery
-from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
+from integration.builders import add_worker
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -26,30 +25,10 @@ CRASH = "TRUNCATE server_epoch"  # what crash recovery does to an UNLOGGED table
 RESTART = "UPDATE server_epoch SET postmaster_start = postmaster_start - interval '1 day'"
 
 
-@pytest.fixture
-def lock_holder(db_url: str) -> Iterator[Conn]:
-    """A separate session standing in for a live worker's liveness connection."""
-    with connect_sync(db_url, "conveyor", autocommit=True) as c:
-        yield c
-
-
 def epoch(conn: Conn, function: str = "current_server_epoch") -> Any:
     found = conn.execute(f"SELECT {function}() AS e").fetchone()
     assert found is not None
     return found["e"]
-
-
-def add_worker(conn: Conn, name: str, heartbeat: str = "now()") -> int:
-    """A worker that registered now (lock_epoch stamped as register_worker does) and whose
-    lock nobody holds: gone, by its lock, at the first sweep (lock_grace 0)."""
-    found = conn.execute(
-        "INSERT INTO worker (name, status, runtimes, actions, capacity, last_heartbeat, stale_after, lock_epoch,"
-        f" lock_grace) VALUES (%s, 'active', '{{python}}', '{{core.noop}}', 10, {heartbeat}, 30,"
-        " stamp_server_epoch(), 0) RETURNING id",
-        (name,),
-    ).fetchone()
-    assert found is not None
-    return int(found["id"])
 
 
 def statuses(conn: Conn) -> dict[str, str]:
@@ -87,8 +66,8 @@ def test_one_epoch_per_lifetime_of_the_server(conn: Conn) -> None:
 async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
     conn: Conn, lock_holder: Conn, pool: Pool, transport: PostgresTransport, fault: str
 ) -> None:
-    alive = add_worker(conn, "w-alive")
-    add_worker(conn, "w-silent", heartbeat="now() - interval '1 hour'")
+    alive = add_worker(conn, "w-alive", lock_epoch="stamp_server_epoch()")
+    add_worker(conn, "w-silent", heartbeat="now() - interval '1 hour'", lock_epoch="stamp_server_epoch()")
     conn.execute(fault)  # every lock is gone with the server; both missed it
 
     # Lock missing but taken in an earlier epoch: not judged; the heartbeat decides.
@@ -98,7 +77,7 @@ async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
 
     # Another worker registers first in the new lifetime and stamps its epoch: the others'
     # old locks still do not count, its own does -- a process dying now is found at once.
-    newcomer = add_worker(conn, "w-new")
+    newcomer = add_worker(conn, "w-new", lock_epoch="stamp_server_epoch()")
     assert lock_holder.execute("SELECT acquire_worker_lock(%s) AS ok", (newcomer,)).fetchone() == {"ok": True}
     assert (await sweep(pool, transport))["dead"] == 0
     assert live(conn) == ["w-alive", "w-new"]

@@ -1,12 +1,12 @@
 """Shared by the tests of the transports (contract, wake-ups): recording doorbells, a
-running transport, workers and dispatches made as the scheduler makes them, and one
-polling helper with a deadline."""
+running transport, a consumer that dies mid-delivery, and the dead letters recorded.
+The ``route`` and ``settings`` fixtures are in transport/conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -14,7 +14,6 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
-from conveyor.store.queries import Q
 from conveyor.transport import make_transport
 from conveyor.transport.base import Doorbell, Transport
 
@@ -32,20 +31,6 @@ class RecordingBell(Doorbell):
 
     def ids(self) -> list[int]:
         return [int(p) for ring in self.rings for p in ring.split(",") if p]
-
-
-async def until(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:  # noqa: ASYNC109
-    """Poll ``predicate`` (sync or async) until truthy, with a deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
-        await asyncio.sleep(0.02)
 
 
 def declare_route(transport_kind: str, db_url: str) -> None:
@@ -90,36 +75,19 @@ def new_transport(settings: Settings, db_url: str, pool: AsyncConnectionPool[Any
     return make_transport(settings, db_url, pool, relay=relay, application_name="contract-test")
 
 
-async def make_worker(pool: AsyncConnectionPool[Any], name: str) -> int:
+class DyingBell(RecordingBell):
+    """Once armed, the consumer dies at its next delivery, after receiving it and before
+    acknowledging it: the task handling it is cancelled, as the process ending would stop it."""
+
+    armed = False
+    spare_wakeups = False  # die only on a message naming executions, not on a bare wake-up
+
+    def ring(self, payload: str = "") -> None:
+        super().ring(payload)
+        if self.armed and (payload or not self.spare_wakeups):
+            raise asyncio.CancelledError  # the consumer's task stops here, before its acknowledgement
+
+
+async def dead_letters(pool: AsyncConnectionPool[Any]) -> list[dict[str, Any]]:
     async with pool.connection() as conn:
-        row = await (
-            await conn.execute(
-                "INSERT INTO worker (name, runtimes, actions, capacity, stale_after, lock_grace, lock_epoch,"
-                " last_heartbeat) VALUES (%s, '{python}', '{core.noop}', 10, 3600, 1, pg_postmaster_start_time(),"
-                " now()) RETURNING id",
-                (name,),
-            )
-        ).fetchone()
-    assert row is not None
-    return int(row["id"])
-
-
-async def make_dispatches(conn: Any, worker: int, count: int = 1) -> list[int]:
-    """Executions moved requested -> scheduling -> scheduled onto ``worker`` (attempt 1),
-    as the scheduler does, in ``conn``'s transaction."""
-    rows = await (
-        await conn.execute(
-            "INSERT INTO execution (action_ref) SELECT 'core.noop' FROM generate_series(1, %s) RETURNING id", (count,)
-        )
-    ).fetchall()
-    ids = [r["id"] for r in rows]
-    await conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = ANY(%s)", (ids,))
-    await conn.execute(Q["assign"], {"ids": ids, "workers": [worker] * count, "executor": "t"})
-    return ids
-
-
-async def execution(pool: AsyncConnectionPool[Any], eid: int) -> dict[str, Any]:
-    async with pool.connection() as conn:
-        row = await (await conn.execute("SELECT * FROM execution WHERE id = %s", (eid,))).fetchone()
-    assert row is not None
-    return dict(row)
+        return [dict(r) for r in await (await conn.execute("SELECT * FROM dead_letter ORDER BY id")).fetchall()]

@@ -17,6 +17,7 @@ import pytest
 from conveyor.actions.core import core
 from conveyor.actions.registry import ActionDefinition
 from conveyor.worker.runners import run_python, run_subprocess
+from support.polling import until
 
 PY = sys.executable
 LIMIT = 64 * 1024
@@ -44,13 +45,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, IndexError):
         return False
-
-
-async def eventually(condition: Callable[[], bool], within: float = 2.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 # A shell that starts a grandchild, publishes "leader grandchild" pids atomically, then waits.
@@ -151,7 +145,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert result.exit_code is not None
     assert result.exit_code < 0
     for pid in pids(pidfile):
-        await eventually(lambda pid=pid: not alive(pid))  # type: ignore[misc]
+        await until(lambda pid=pid: not alive(pid), timeout=2.0, interval=0.01)  # type: ignore[misc]
 
 
 async def test_term_ignoring_group_is_killed_after_the_grace(tmp_path: Path) -> None:
@@ -162,7 +156,7 @@ async def test_term_ignoring_group_is_killed_after_the_grace(tmp_path: Path) -> 
     assert result.exit_code == -9
     assert 0.6 <= result.duration < 2
     for pid in pids(pidfile):
-        await eventually(lambda pid=pid: not alive(pid))  # type: ignore[misc]
+        await until(lambda pid=pid: not alive(pid), timeout=2.0, interval=0.01)  # type: ignore[misc]
 
 
 async def test_exited_command_whose_grandchild_holds_stdout_is_not_waited_for(tmp_path: Path) -> None:
@@ -173,18 +167,18 @@ async def test_exited_command_whose_grandchild_holds_stdout_is_not_waited_for(tm
     assert not result.timed_out
     assert result.stdout == "started\n"
     assert result.duration < 2
-    await eventually(lambda: not alive(pids(pidfile)[0]))
+    await until(lambda: not alive(pids(pidfile)[0]), timeout=2.0, interval=0.01)
 
 
 async def test_cancellation_kills_the_process_group_and_propagates(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     task = asyncio.create_task(run(LOCAL, {"cmd": spawner(pidfile)}, timeout=30, kill_grace=0.5))
-    await eventually(pidfile.exists)
+    await until(pidfile.exists, timeout=2.0, interval=0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     for pid in pids(pidfile):
-        await eventually(lambda pid=pid: not alive(pid))  # type: ignore[misc]
+        await until(lambda pid=pid: not alive(pid), timeout=2.0, interval=0.01)  # type: ignore[misc]
 
 
 async def test_command_not_found() -> None:

@@ -11,37 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.sdk import Client
 from conveyor.store.queries import Q
 from conveyor.transport.base import Topic
+from integration.builders import make_dispatches, make_worker
 from integration.transport_kit import (
     RecordingBell,
-    declare_route,
-    make_dispatches,
-    make_worker,
     new_transport,
     running,
-    transport_settings,
-    until,
 )
+from support.polling import until
 
 Pool = AsyncConnectionPool[Any]
 INSERT = "INSERT INTO execution (action_ref) VALUES ('core.noop') RETURNING id"
 CANCEL = "UPDATE execution SET status = 'cancelled', ended = now() WHERE id = %s"
-
-
-@pytest.fixture(autouse=True)
-def route(transport_kind: str, db_url: str) -> None:
-    declare_route(transport_kind, db_url)
-
-
-@pytest.fixture
-def settings(transport_kind: str, request: pytest.FixtureRequest) -> Settings:
-    return transport_settings(transport_kind, request)
 
 
 async def test_a_cancel_from_the_sdk_rings_the_worker_running_it(settings: Settings, db_url: str, pool: Pool) -> None:
