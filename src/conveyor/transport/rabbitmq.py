@@ -87,8 +87,6 @@ class RabbitMQTransport(Transport):
                 raise ValueError("the worker topic needs a worker id")
             self._workers.add(worker_id)
             self._bells[m.Names.worker_key(worker_id)].append(bell)
-            # A cancel rings the worker by NOTIFY on both transports (wake('worker')).
-            self._pg.subscribe(Topic.WORKER, worker_id, bell=bell)
         elif topic is Topic.OUTBOX:
             self._pg.subscribe(Topic.OUTBOX, bell=bell)
         else:

@@ -37,11 +37,14 @@ async def test_a_cancel_from_the_sdk_rings_the_worker_running_it(settings: Setti
     async with pool.connection() as conn:  # scheduled -> running on its worker
         assert [r["id"] for r in await (await conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 1}))
                 .fetchall()] == [eid]  # fmt: skip
+    executor_side = new_transport(settings, db_url, pool, relay=True)  # RabbitMQ: its relay sends
     worker_side = new_transport(settings, db_url, pool, relay=False)
     bell = RecordingBell()
     worker_side.subscribe(Topic.WORKER, worker, bell=bell)
-    async with running(worker_side):
-        bell.rings.clear()  # the wake-up every subscriber gets on connecting
+    async with running(executor_side), running(worker_side):
+        if settings.transport == "rabbitmq":  # the dispatch's own message, waiting in the queue
+            await until(lambda: eid in bell.ids(), what="the dispatch's message delivered")
+        bell.rings.clear()  # that, and the wake-up every subscriber gets on connecting
         with Client(db_url) as client:
             assert client.cancel(eid, by="test") == "canceling"
         await until(lambda: bell.rings, what="the worker rung for the cancel", timeout=5)

@@ -44,7 +44,10 @@ $$;
 --   dispatched  executions were placed on workers: a NOTIFY per worker, or on RabbitMQ
 --               one execution.scheduled message per dispatch, naming (execution,
 --               attempt, worker, scheduled) for the dead-letter handler's checks
---   worker      workers have something to look at (a cancel): NOTIFY on both transports
+--   worker      workers have something to look at (a cancel of execution_ids): a NOTIFY per
+--               worker, or on RabbitMQ a message to its queue naming the execution (the
+--               worker's queue is its only doorbell there: a LISTEN connection per worker
+--               would be woken by every NOTIFY of the database)
 CREATE FUNCTION wake(topic text, execution_ids bigint[] DEFAULT '{}', worker_ids bigint[] DEFAULT '{}')
 RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -87,9 +90,21 @@ BEGIN
             END LOOP;
         END IF;
     ELSIF topic = 'worker' THEN
-        FOR w IN SELECT DISTINCT x FROM unnest(worker_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
-            PERFORM pg_notify(current_schema() || '.worker.' || w, '');
-        END LOOP;
+        IF route = 'rabbitmq' THEN
+            -- The message says "look now", as every message does: the worker finds the
+            -- cancel in its rows (a copy dead-lettered later is resolved stale).
+            INSERT INTO outbox (exchange, routing_key, message_type, payload)
+            SELECT 'executions', 'execution.scheduled.worker.' || e.worker, 'execution.scheduled',
+                   jsonb_build_object('execution_id', e.id, 'attempt', e.attempt, 'worker_id', e.worker,
+                                      'scheduled', e.scheduled)
+            FROM execution e
+            WHERE e.id = ANY(execution_ids) AND e.worker IS NOT NULL
+            ORDER BY e.id;
+        ELSE
+            FOR w IN SELECT DISTINCT x FROM unnest(worker_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
+                PERFORM pg_notify(current_schema() || '.worker.' || w, '');
+            END LOOP;
+        END IF;
     ELSE
         RAISE EXCEPTION 'unknown wake-up topic %', topic;
     END IF;
@@ -132,23 +147,32 @@ DECLARE
     placed bigint[];
     placed_on bigint[];
     cancelling bigint[];
+    cancelled_on bigint[];
 BEGIN
+    -- Half of all statements are claims (-> scheduling) and starts (-> running), which wake
+    -- nobody: one pass over the new rows says so without the join below (this trigger is on
+    -- the hot path; wake() removes duplicate workers, so the arrays are not made distinct).
+    IF NOT EXISTS (SELECT 1 FROM after_rows a WHERE a.status NOT IN ('scheduling', 'running')) THEN
+        RETURN NULL;
+    END IF;
     SELECT coalesce(bool_or(a.status = 'requested' AND b.status <> 'requested'), false),
-           array_agg(a.id ORDER BY a.id) FILTER (
+           array_agg(a.id) FILTER (
                WHERE a.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
                  AND b.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')),
-           array_agg(DISTINCT b.worker) FILTER (
+           array_agg(b.worker) FILTER (
                WHERE b.worker IS NOT NULL AND b.status IN ('scheduled', 'running', 'canceling')
                  AND (a.status NOT IN ('scheduled', 'running', 'canceling') OR a.worker IS DISTINCT FROM b.worker)),
-           array_agg(a.id ORDER BY a.id) FILTER (
+           array_agg(a.id) FILTER (
                WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
                  AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
-           array_agg(DISTINCT a.worker) FILTER (
+           array_agg(a.worker) FILTER (
                WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
                  AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
-           array_agg(DISTINCT a.worker) FILTER (
+           array_agg(a.id) FILTER (
+               WHERE a.status = 'canceling' AND b.status <> 'canceling' AND a.worker IS NOT NULL),
+           array_agg(a.worker) FILTER (
                WHERE a.status = 'canceling' AND b.status <> 'canceling' AND a.worker IS NOT NULL)
-    INTO requested, ended, freed, placed, placed_on, cancelling
+    INTO requested, ended, freed, placed, placed_on, cancelling, cancelled_on
     FROM after_rows a JOIN before_rows b USING (id);
     IF requested THEN
         PERFORM wake('requested');
@@ -163,7 +187,7 @@ BEGIN
         PERFORM wake('capacity', '{}', freed);
     END IF;
     IF cancelling IS NOT NULL THEN
-        PERFORM wake('worker', '{}', cancelling);
+        PERFORM wake('worker', cancelling, cancelled_on);
     END IF;
     RETURN NULL;
 END
