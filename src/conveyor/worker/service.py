@@ -180,7 +180,7 @@ class WorkerService:
         async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
             cursor = conn.cursor(row_factory=class_row(ClaimedRun))
             await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
-            rows = await cursor.fetchall()
+            rows: list[ClaimedRun] = await cursor.fetchall()
         observe_claims(rows)
         for row in rows:
             self._start(row)
@@ -220,12 +220,12 @@ class WorkerService:
             params = {"worker": self.worker_id, "known": known}
             cursor = conn.cursor(row_factory=class_row(ClaimedRun))
             await cursor.execute(Q["unknown_claims"], params)
-            rows = await cursor.fetchall()
+            rows: list[ClaimedRun] = await cursor.fetchall()
         self._claim_in_doubt = False
         for row in rows:
             self._start(row)
         if rows:
-            log.warning("started executions whose claim went unanswered", execution_ids=[r["id"] for r in rows])
+            log.warning("started executions whose claim went unanswered", execution_ids=[r.id for r in rows])
 
     async def _execute(self, run: Run, row: ClaimedRun) -> None:
         eid, attempt, ref = row.id, row.attempt, row.action_ref

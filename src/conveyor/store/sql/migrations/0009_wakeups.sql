@@ -355,7 +355,7 @@ $$;
 
 -- Admission policies (operator's): create or replace; the admission_policy trigger
 -- admits whoever a higher limit now allows. The caller checked the spec (the same check
--- for SDK, API and CLI: conveyor.sdk.policy_spec); the table's CHECKs guard the rest.
+-- for SDK, API and CLI: conveyor.verbs.policy_spec); the table's CHECKs guard the rest.
 CREATE FUNCTION set_admission_policy(p_target text, p_concurrency integer, p_parameters text[], p_method text)
 RETURNS SETOF admission_policy
 LANGUAGE sql SET search_path FROM CURRENT AS $$
