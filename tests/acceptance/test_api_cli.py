@@ -234,7 +234,7 @@ def test_up_prints_the_url_and_an_admin_token_on_first_start_only(procs: Procs, 
     port = free_port()
     env = {**env, "CONVEYOR__API__PORT": str(port)}
     up = procs.start("up", name="up-1", env=env)
-    up.wait_for_log("Conveyor is up", timeout=30)
+    up.wait_for_log("Press Ctrl-C to stop", timeout=30)  # the banner's last line: all of it is out
     assert f"dashboard and API: http://127.0.0.1:{port}" in up.stderr(), up.logs()
     assert "an admin token was created" in up.stderr(), up.logs()
     token = eventually(lambda: up.stdout().strip().splitlines()[-1:], 10, message=up.logs)[0]
@@ -247,7 +247,7 @@ def test_up_prints_the_url_and_an_admin_token_on_first_start_only(procs: Procs, 
     assert up.wait(30) == 0, up.logs()
 
     again = procs.start("up", name="up-2", env=env)
-    again.wait_for_log("Conveyor is up", timeout=30)
+    again.wait_for_log("Press Ctrl-C to stop", timeout=30)
     assert f"dashboard and API: {url}" in again.stderr(), again.logs()
     assert "admin token" not in again.stderr(), again.logs()
     assert TOKEN_LINE.search(again.stdout()) is None, again.logs()
