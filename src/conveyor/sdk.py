@@ -61,17 +61,14 @@ def request_execution(
     params = parameters or {}
     check_idempotency_key(idempotency_key)
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
-    try:
-        # A savepoint: a refusal by the database (CVA01/CVA02) is raised as a ConveyorError
-        # and must leave the caller's transaction usable, as a client-side refusal does.
-        with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                sql.SQL("SELECT {}.request_execution(%s, %s, idempotency_key => %s)").format(sql.Identifier(schema)),
-                (action_ref, Jsonb(params), idempotency_key),
-            )
-            row = cur.fetchone()
-    except psycopg.Error as exc:
-        raise verbs.translate(exc, action_ref=action_ref) from None
+    # A savepoint: a refusal by the database (CVA01/CVA02/CVA03) is raised as a ConveyorError
+    # and must leave the caller's transaction usable, as a client-side refusal does.
+    with verbs.refusals(action_ref=action_ref), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            sql.SQL("SELECT {}.request_execution(%s, %s, idempotency_key => %s)").format(sql.Identifier(schema)),
+            (action_ref, Jsonb(params), idempotency_key),
+        )
+        row = cur.fetchone()
     assert row is not None
     return int(row[0])
 

@@ -27,9 +27,5 @@ FROM action ORDER BY ref;
 SELECT ref, pack, name, description, runner_type, runtime, parameters_schema, metadata
 FROM action WHERE ref = %(ref)s;
 
--- name: execution_statuses
--- Status (and result) of a set of executions, for waiters.
-SELECT id, status FROM execution WHERE id = ANY(%(ids)s::bigint[]);
-
 -- name: counts_by_status
 SELECT status, count(*)::bigint AS n FROM execution GROUP BY status ORDER BY status;
