@@ -96,7 +96,7 @@ def test_edges_match_transitions() -> None:
     expected = {(a.value, b.value) for a, targets in TRANSITIONS.items() for b in targets}
     assert edges() == expected
     assert all(isinstance(a, str) and isinstance(b, str) for a, b in edges())
-    assert len(edges()) == 18
+    assert len(edges()) == 28  # 18 for actions on workers, 10 for workflows and inquiries (0012)
 
 
 def test_on_worker_statuses() -> None:

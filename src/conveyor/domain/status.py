@@ -16,6 +16,8 @@ class ExecutionStatus(StrEnum):
     SCHEDULING = "scheduling"
     SCHEDULED = "scheduled"
     RUNNING = "running"
+    PENDING = "pending"  # an inquiry waits for its answer (no worker slot)
+    PAUSED = "paused"  # a workflow paused by an operator (no worker slot)
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELING = "canceling"
@@ -42,9 +44,12 @@ TERMINAL: frozenset[ExecutionStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCE
 # a dispatch lost before start, a worker lost mid-run with a retry allowed.
 TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     S.REQUESTED: frozenset({S.SCHEDULING, S.CANCELLED}),
-    S.SCHEDULING: frozenset({S.SCHEDULED, S.REQUESTED, S.FAILED, S.CANCELLED}),
+    # -> RUNNING: a workflow starts in the executor; -> PENDING: an inquiry is asked.
+    S.SCHEDULING: frozenset({S.SCHEDULED, S.REQUESTED, S.FAILED, S.CANCELLED, S.RUNNING, S.PENDING}),
     S.SCHEDULED: frozenset({S.RUNNING, S.REQUESTED, S.FAILED, S.CANCELLED}),
-    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.TIMEOUT, S.CANCELING, S.REQUESTED, S.ABANDONED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.TIMEOUT, S.CANCELING, S.REQUESTED, S.ABANDONED, S.PAUSED}),
+    S.PENDING: frozenset({S.COMPLETED, S.FAILED, S.TIMEOUT, S.CANCELLED}),
+    S.PAUSED: frozenset({S.RUNNING, S.CANCELING, S.CANCELLED}),
     S.CANCELING: frozenset({S.CANCELLED, S.ABANDONED}),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),

@@ -823,7 +823,7 @@ CREATE TABLE conveyor.action (
     created timestamp with time zone DEFAULT now() NOT NULL,
     updated timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT action_ref_check CHECK ((ref ~ '^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+$'::text)),
-    CONSTRAINT action_runner_type_check CHECK ((runner_type = ANY (ARRAY['python'::text, 'subprocess'::text])))
+    CONSTRAINT action_runner_type_check CHECK ((runner_type = ANY (ARRAY['python'::text, 'subprocess'::text, 'workflow'::text, 'inquiry'::text])))
 );
 
 CREATE TABLE conveyor.api_token (
@@ -903,7 +903,7 @@ CREATE TABLE conveyor.execution (
     not_before timestamp with time zone,
     cancelled_by text,
     CONSTRAINT execution_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT execution_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'scheduling'::text, 'scheduled'::text, 'running'::text, 'completed'::text, 'failed'::text, 'canceling'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))
+    CONSTRAINT execution_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'scheduling'::text, 'scheduled'::text, 'running'::text, 'pending'::text, 'paused'::text, 'completed'::text, 'failed'::text, 'canceling'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))
 );
 
 CREATE TABLE conveyor.execution_admission_group (
