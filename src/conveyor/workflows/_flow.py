@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.workflows._working import Stop, Working
+from conveyor.workflows.expressions import item_vars
 from conveyor.workflows.spec import COMMANDS, RetrySpec, TaskSpec
 from conveyor.workflows.state import NewChild, TaskKey, TaskRun, TaskStatus
 
@@ -15,10 +16,6 @@ def retry_delay(retry: RetrySpec, used: int) -> float:
     """The wait before retry number ``used + 1``: delay * backoff**used, capped."""
     delay = float(retry.delay) * float(retry.backoff) ** used
     return delay if retry.max_delay is None else min(delay, float(retry.max_delay))
-
-
-def _item_vars(var: str | None) -> tuple[str, ...]:
-    return tuple(v.strip() for v in var.split(",") if v.strip()) if var else ()
 
 
 def _positive_int(value: Any) -> int | None:
@@ -126,7 +123,7 @@ class Flow(Working):
             scope = self.scope()
         else:
             var = spec.with_items.var if spec.with_items else None
-            scope = self.scope(item=items[index], index=index, item_vars=_item_vars(var))
+            scope = self.scope(item=items[index], index=index, item_vars=item_vars(var))
         where = "input" if index is None else f"input (item {index})"
         params = self.evaluate(spec.input, scope, key, where)
         if not isinstance(params, dict):
@@ -171,7 +168,7 @@ class Flow(Working):
         if run.items_total is None:
             if not tally.running:
                 d = self.dispatch((run.name, run.iteration, None))
-                assert d is not None and d.status != "running"
+                assert d is not None
                 status: TaskStatus = "failed"
                 if d.status in ("succeeded", "cancelled"):
                     status = "succeeded" if d.status == "succeeded" else "cancelled"
@@ -199,7 +196,8 @@ class Flow(Working):
         # else paused with items left: resumed later
 
     def top_up(self, key: TaskKey, run: TaskRun, spec: TaskSpec, total: int, delay: float) -> None:
-        assert spec.action is not None and run.items is not None
+        assert spec.action is not None
+        assert run.items is not None
         tally = self.tally(key)
         limit = total if run.concurrency is None else run.concurrency
         while len(tally.running) < limit and tally.dispatched < total:
@@ -235,9 +233,8 @@ class Flow(Working):
         targets: list[str] = []
         try:
             for n, tr in enumerate(spec.next):
-                if tr.when is not None:
-                    if not self.evaluate(tr.when, self._after(run), key, f"next[{n}].when"):
-                        continue
+                if tr.when is not None and not self.evaluate(tr.when, self._after(run), key, f"next[{n}].when"):
+                    continue
                 matched = True
                 for name, value in tr.publish:
                     # A fresh scope each time: later entries see earlier ones.

@@ -171,7 +171,7 @@ class Working:
             return evaluate(value, scope)
         except ExpressionError as e:
             self.fail(task, f"{where}: {e.message}", expression=e.expression, where=where)
-        except Exception as e:  # noqa: BLE001 -- an evaluator defect fails this workflow only
+        except Exception as e:  # an evaluator defect fails this workflow only, never the executor
             expression = value if isinstance(value, str) else repr(value)[:200]
             self.fail(task, f"{where}: {type(e).__name__}: {e}", expression=expression, where=where)
         raise Stop

@@ -20,7 +20,7 @@ def is_envelope(result: Any) -> bool:
     Failures the executor records itself carry only ``succeeded`` and ``error``."""
     if not isinstance(result, dict) or not isinstance(result.get("succeeded"), bool):
         return False
-    return _ENVELOPE <= result.keys() or "error" in result
+    return result.keys() >= _ENVELOPE or "error" in result
 
 
 def child_value(status: str, result: Any) -> tuple[Any, str | None]:

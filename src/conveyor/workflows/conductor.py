@@ -169,11 +169,11 @@ class _Conductor(Flow):
                 self.put_dispatch(replace(d, status="cancelled"))  # deferred or not created yet
             elif event.policy == "cancel_running" and d.execution not in self.cancel:
                 self.cancel.append(d.execution)
-        for key, run in list(self.tasks.items()):
+        for task_key, run in list(self.tasks.items()):
             if run.status == "waiting":
-                self.update_task(key, status="cancelled")
+                self.update_task(task_key, status="cancelled")
             elif run.status == "running":
-                self.settle(key)
+                self.settle(task_key)
 
     def resume(self) -> None:
         if self.status != "paused":
@@ -196,11 +196,11 @@ class _Conductor(Flow):
             used = max(d.retry - 1, 0)
             delay = retry_delay(spec.retry, used) if spec.retry else 0.0
             self.request(NewChild(key[0], key[1], key[2], spec.action, params, d.retry, delay, spec.timeout))
-        for key, run in sorted(self.tasks.items()):
+        for task_key, run in sorted(self.tasks.items()):
             if run.status == "waiting" and self.ready(run):
-                self.to_start.append((key, False))
+                self.to_start.append((task_key, False))
             elif run.status == "running":
-                self.settle(key)
+                self.settle(task_key)
 
     # -- timeouts ---------------------------------------------------------------------
 
