@@ -156,7 +156,7 @@ class Advancer:
         tasks = await (await conn.execute(Q["workflow_tasks"], {"id": wf["id"]})).fetchall()
         dispatches = await (await conn.execute(Q["workflow_dispatches"], {"id": wf["id"]})).fetchall()
         runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
-                        t["result"], t["error"]) for t in tasks]  # fmt: skip
+                        t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
         ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
                        d["result"]) for d in dispatches]  # fmt: skip
         return WorkflowState(
@@ -296,7 +296,8 @@ def _tasks_params(wid: int, tasks: Sequence[TaskRun]) -> dict[str, Any]:
         "id": wid, "names": [t.name for t in tasks], "iterations": [t.iteration for t in tasks],
         "statuses": [t.status for t in tasks], "arrivals": [Jsonb(list(t.arrivals)) for t in tasks],
         "items_totals": [t.items_total for t in tasks], "results": [Jsonb(t.result) for t in tasks],
-        "errors": [t.error for t in tasks],
+        "errors": [t.error for t in tasks], "items": [None if t.items is None else Jsonb(t.items) for t in tasks],
+        "concurrencies": [t.concurrency for t in tasks],
     }  # fmt: skip
 
 

@@ -118,6 +118,11 @@ CREATE TABLE workflow_task (
     status             text NOT NULL CHECK (status IN ('waiting', 'running', 'succeeded', 'failed', 'cancelled')),
     arrivals           text[] NOT NULL DEFAULT '{}',
     items_total        integer,
+    -- A with task's items and concurrency, evaluated once when the instance started: the
+    -- next items are dispatched from this list as earlier ones end (the conductor's
+    -- TaskRun.items/.concurrency; without them a with task could not go past its first end).
+    items              jsonb,
+    concurrency        integer,
     result             jsonb,
     error              text,
     created            timestamptz NOT NULL DEFAULT now(),
@@ -502,8 +507,9 @@ BEGIN
     INTO reset FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled');
     INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
-                               error, ended)
-    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.result, t.error, t.ended
+                               error, ended, items, concurrency)
+    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.result, t.error, t.ended,
+           t.items, t.concurrency
     FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status NOT IN ('failed', 'cancelled');
     -- Children of kept tasks, and the succeeded items of reset ones (their results stand).
