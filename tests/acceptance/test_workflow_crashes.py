@@ -13,14 +13,11 @@ SIGKILLed under a workflow's task: the task is run again per the action's retry 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from acceptance.helpers import Procs, conveyor_env, until
+from acceptance.helpers import Procs, conveyor_env
 from acceptance.recovery_kit import RECOVERY_SETTINGS, start_executor, start_worker
 from acceptance.workflow_kit import (
-    SIGKILLED,
     Conn,
     all_ended,
     check_workflows,

@@ -172,8 +172,10 @@ def check_workflows(db: Conn, made: dict[int, tuple[str, str]], attempts: dict[s
         r = rows[eid]
         assert (r["status"], r["wf_status"]) == ("completed", "succeeded"), (eid, ref, r)
         assert r["result"] == expected_output(ref, tag), (eid, ref, r["result"])
-    left = db.execute("SELECT workflow_execution, kind, execution FROM workflow_event"
-                      " WHERE workflow_execution = ANY(%s)", ([r["wf"] for r in rows.values()],)).fetchall()  # fmt: skip
+    wfs = [r["wf"] for r in rows.values()]
+    left = db.execute(
+        "SELECT workflow_execution, kind, execution FROM workflow_event WHERE workflow_execution = ANY(%s)", (wfs,)
+    ).fetchall()
     assert left == [], f"events never applied: {left}"
 
     children = db.execute(

@@ -21,8 +21,14 @@ async def test_a_with_task_dispatches_its_later_items_from_the_stored_list(
 ) -> None:
     spec = WorkflowSpec(
         ref="tests.items_state",
-        tasks={"each": TaskSpec(name="each", action="core.echo", input={"message": "<% item() %>"},
-                                with_items=WithItems(["a", "b", "c"], concurrency=2))},  # fmt: skip
+        tasks={
+            "each": TaskSpec(
+                name="each",
+                action="core.echo",
+                input={"message": "<% item() %>"},
+                with_items=WithItems(["a", "b", "c"], concurrency=2),
+            )
+        },
     )
     eid = await started(conn, pool, transport, spec)
     advancer = Advancer(pool)  # the real conductor
