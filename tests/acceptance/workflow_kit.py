@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from acceptance.helpers import Procs, eventually
+from acceptance.helpers import Proc, Procs, eventually
 from conveyor.sdk import request_execution
 from conveyor.workflows.parse import parse_workflow
 
@@ -102,7 +102,31 @@ output:
   - both: <% [ctx(l), ctx(r), ctx(j)] %>
 """
 
-SOURCES = {"crash.sequence": SEQUENCE, "crash.items": ITEMS, "crash.join": JOIN}
+# A task that takes a second (children in flight when something is killed), then one more.
+SLOW = """
+ref: crash.slow
+input: [tag]
+tasks:
+  nap:
+    action: core.sleep seconds=1
+    next:
+      - when: <% succeeded() %>
+        publish:
+          - slept: <% result() %>
+        do: after
+  after:
+    action: core.echo message="<% ctx(tag) %>-after"
+    next:
+      - when: <% succeeded() %>
+        publish:
+          - last: <% result() %>
+output:
+  - slept: <% ctx(slept) %>
+  - last: <% ctx(last) %>
+"""
+
+SOURCES = {"crash.sequence": SEQUENCE, "crash.items": ITEMS, "crash.join": JOIN, "crash.slow": SLOW}
+FAST = ("crash.sequence", "crash.items", "crash.join")
 
 
 def expected_output(ref: str, tag: str) -> dict[str, Any]:
@@ -110,11 +134,13 @@ def expected_output(ref: str, tag: str) -> dict[str, Any]:
         return {"seen": [f"{tag}-t0", f"{tag}-t1", f"{tag}-t2"]}
     if ref == "crash.items":
         return {"all": [f"{tag}-item-{i}" for i in range(5)]}
+    if ref == "crash.slow":
+        return {"slept": 1, "last": f"{tag}-after"}
     return {"both": [f"{tag}-left", f"{tag}-right", f"{tag}-joined"]}
 
 
 # Children each workflow makes when nothing fails: one per task, one per item.
-CHILDREN = {"crash.sequence": 3, "crash.items": 5, "crash.join": 4}
+CHILDREN = {"crash.sequence": 3, "crash.items": 5, "crash.join": 4, "crash.slow": 2}
 
 
 def register_all(db: Conn, sources: dict[str, str] | None = None) -> None:
@@ -127,7 +153,15 @@ def register_all(db: Conn, sources: dict[str, str] | None = None) -> None:
         )
 
 
-def request_mix(db: Conn, n: int, refs: tuple[str, ...] = tuple(SOURCES)) -> dict[int, tuple[str, str]]:
+def start_executor(procs: Procs, env: dict[str, str], label: str, **overrides: object) -> Proc:
+    """An executor whose logs are its own (``label``): a replacement does not overwrite
+    the log of the one that crashed."""
+    proc = procs.start("executor", name=label, env={**env, **{k: str(v) for k, v in overrides.items()}})
+    proc.wait_for_log("executor started")
+    return proc
+
+
+def request_mix(db: Conn, n: int, refs: tuple[str, ...] = FAST) -> dict[int, tuple[str, str]]:
     """``n`` workflow executions, cycling through ``refs``: id -> (ref, tag)."""
     made = {}
     for i in range(n):
@@ -156,13 +190,17 @@ def all_ended(procs: Procs, db: Conn, ids: list[int], timeout: float = 60) -> li
     return rows
 
 
-def check_workflows(db: Conn, made: dict[int, tuple[str, str]], attempts: dict[str, int] | None = None) -> None:
+def pending_events(db: Conn) -> int:
+    return int(db.execute("SELECT count(*) AS n FROM workflow_event").fetchone()["n"])  # type: ignore[index]
+
+
+def check_workflows(db: Conn, made: dict[int, tuple[str, str]], attempts: dict[int, int] | None = None) -> None:
     """The invariants every scenario ends with: each workflow completed with the output
     of a run without faults, nothing left to apply, one child per (task, item, retry)
     chain -- counted both in ``execution`` (children by parent and parameters) and
     against the dispatch rows -- each child ended before its workflow did, every join
-    fired once. ``attempts``: child message -> the child's expected attempt count
-    (default 1)."""
+    fired once. ``attempts``: child execution id -> its expected attempt count
+    (default 1: a worker lost under a child makes a second attempt of the same child)."""
     ids = list(made)
     rows = {r["id"]: r for r in db.execute(
         "SELECT e.id, e.status, e.result, e.ended, w.id AS wf, w.status AS wf_status FROM execution e"
@@ -192,7 +230,7 @@ def check_workflows(db: Conn, made: dict[int, tuple[str, str]], attempts: dict[s
     for c in children:
         assert c["status"] == "completed", c
         assert c["created"] <= c["parent_ended"], f"child {c['id']} created after its workflow ended: {c}"
-        want = (attempts or {}).get(c["parameters"].get("message"), 1)
+        want = (attempts or {}).get(c["id"], 1)
         assert c["attempt"] == want, f"child {c['id']} ({c['parameters']}): {c['attempt']} attempts, not {want}"
 
     # The engine's bookkeeping agrees: one dispatch row per chain, pointing at the child,
