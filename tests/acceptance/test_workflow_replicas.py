@@ -1,7 +1,7 @@
-"""Acceptance: workflows advanced by two executor replicas at once, under duplicate
+"""Acceptance: workflows advanced by several executor replicas at once, under duplicate
 completions, with real processes.
 
-Both replicas run the advancing duty on the same workflows (woken by the same NOTIFYs,
+Three replicas run the advancing duty on the same workflows (woken by the same NOTIFYs,
 polling every 0.2 s), while a replayer re-inserts the completion event of every child
 that ended -- each time after the first was applied -- and copies the wake-ups: each
 completion must still be applied once (workflow_kit.check_workflows: the outputs of a
@@ -77,17 +77,17 @@ def replayer(db_url: str) -> Iterator[list[Replayer]]:
         r.join(10)
 
 
-def test_two_replicas_and_replayed_completions(
+def test_three_replicas_and_replayed_completions(
     procs: Procs, env: dict[str, str], db: Conn, db_url: str, replayer: list[Replayer]
 ) -> None:
     register_all(db)
     for name in ("wa", "wb"):
         start_worker(procs, env, name)
-    made = request_mix(db, 15)
+    made = request_mix(db, 30)
     replay = Replayer(db_url, list(made))
     replayer.append(replay)
     replay.start()
-    for label in ("e1", "e2"):
+    for label in ("e1", "e2", "e3"):
         start_executor(procs, env, label)
     all_ended(procs, db, list(made))
     replay.stop.set()
