@@ -737,10 +737,10 @@ BEGIN
     SELECT coalesce(jsonb_agg(jsonb_build_array(t.task_name, t.iteration) ORDER BY t.task_name, t.iteration), '[]')
     INTO reset FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled');
-    INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
-                               error, ended, items, concurrency)
-    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.result, t.error, t.ended,
-           t.items, t.concurrency
+    INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
+                               concurrency, result, error, ended)
+    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.items, t.concurrency, t.result,
+           t.error, t.ended
     FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status NOT IN ('failed', 'cancelled');
     -- Children of kept tasks, and the succeeded items of reset ones (their results stand).

@@ -52,20 +52,19 @@ SELECT task_name, iteration, task_index, execution, retry, status, result
 FROM workflow_task_dispatch WHERE workflow_execution = %(id)s;
 
 -- name: workflow_upsert_tasks
--- The decision's task instances, by key (a with task's items and concurrency with them).
-INSERT INTO workflow_task AS t (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
-                                error, ended, items, concurrency)
+-- The decision's task instances, by key.
+INSERT INTO workflow_task AS t (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
+                                concurrency, result, error, ended)
 SELECT %(id)s, u.task_name, u.iteration, u.status, ARRAY(SELECT jsonb_array_elements_text(u.arrivals)),
-       u.items_total, u.result, u.error,
-       CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN now() END, u.items, u.concurrency
+       u.items_total, u.items, u.concurrency, u.result, u.error,
+       CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN now() END
 FROM unnest(%(names)s::text[], %(iterations)s::int[], %(statuses)s::text[], %(arrivals)s::jsonb[],
-            %(items_totals)s::int[], %(results)s::jsonb[], %(errors)s::text[], %(items)s::jsonb[],
-            %(concurrencies)s::int[])
-     AS u(task_name, iteration, status, arrivals, items_total, result, error, items, concurrency)
+            %(items_totals)s::int[], %(items)s::jsonb[], %(concurrencies)s::int[], %(results)s::jsonb[],
+            %(errors)s::text[])
+     AS u(task_name, iteration, status, arrivals, items_total, items, concurrency, result, error)
 ON CONFLICT (workflow_execution, task_name, iteration) DO UPDATE
 SET status = EXCLUDED.status, arrivals = EXCLUDED.arrivals, items_total = EXCLUDED.items_total,
-    result = EXCLUDED.result, error = EXCLUDED.error, items = EXCLUDED.items, concurrency = EXCLUDED.concurrency,
-    updated = now(),
+    items = EXCLUDED.items, concurrency = EXCLUDED.concurrency, result = EXCLUDED.result, error = EXCLUDED.error, updated = now(),
     ended = CASE WHEN EXCLUDED.status IN ('succeeded', 'failed', 'cancelled') THEN coalesce(t.ended, now()) END;
 
 -- name: workflow_upsert_dispatches
