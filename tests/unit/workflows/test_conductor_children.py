@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from unit.workflows.conductor_kit import RetrySpec, Sim, envelope, task, to, wf
 
 from conveyor.workflows.childresult import child_value
 from conveyor.workflows.state import ChildEnded
+from unit.workflows.conductor_kit import RetrySpec, Sim, envelope, task, to, wf
 
 
 def test_result_is_the_actions_return_value_not_the_runners_envelope() -> None:
