@@ -197,6 +197,15 @@ def fast(n: int) -> dict[str, int]:
     return {"n": n}
 
 
+@action("chaos.step")
+def step(n: int, step: str) -> dict[str, Any]:
+    """A workflow's task (tests/chaos/workflows.py): about 10 ms; ``step`` names the task
+    (and item), so a duplicate child of one workflow shows in its parameters."""
+    with SyncRun("chaos.step"):
+        time.sleep(0.01)
+    return {"n": n, "step": step}
+
+
 @action("chaos.failing", retry={"max_attempts": 2, "backoff_base": 0.2, "backoff_max": 0.5})
 def failing(n: int) -> None:
     """Always raises; retried once by the retry policy."""

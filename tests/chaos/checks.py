@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from . import workflows
 from .actions import POLICIES
 
 TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
@@ -110,6 +111,7 @@ def run_checks(conn: Conn, report: Report, submitted: dict[int, int], transport:
     _limits(report, runs)
     _fifo(report, runs)
     _leftovers(conn, report, transport)
+    workflows.run_checks(conn, report)
 
 
 def _terminal(conn: Conn, report: Report, submitted: dict[int, int]) -> None:
@@ -121,7 +123,9 @@ def _terminal(conn: Conn, report: Report, submitted: dict[int, int]) -> None:
         if recorded.get(n) != e
     ]
     lost += [f"execution {e} of submission {n} is gone" for n, e in recorded.items() if e not in executions]
-    unknown = sorted(executions - set(recorded.values()))
+    # A workflow's children are requested by the workflow, not the submitter.
+    children = {r["id"] for r in _rows(conn, "SELECT id FROM execution WHERE parent IS NOT NULL")}
+    unknown = sorted(executions - set(recorded.values()) - children)
     lost += [f"execution {e} was never submitted" for e in unknown]
     report.check("none lost", lost, f"{len(submitted)} submissions confirmed, {len(executions)} executions")
     stuck = _rows(
@@ -162,7 +166,8 @@ def _completion(conn: Conn, report: Report) -> None:
     )
     unmatched = _rows(
         conn,
-        "SELECT e.id, e.attempt FROM execution e WHERE e.status = 'completed' AND NOT EXISTS ("
+        "SELECT e.id, e.attempt FROM execution e JOIN action a ON a.ref = e.action_ref "
+        "WHERE e.status = 'completed' AND a.runner_type <> 'workflow' AND NOT EXISTS ("
         "  SELECT 1 FROM execution_attempt t WHERE t.execution = e.id AND t.attempt = e.attempt"
         "  AND t.outcome = 'completed')",
     )

@@ -3,7 +3,8 @@ doorbell principle"), so copies must change nothing; these threads make plenty.
 
 - PostgreSQL (both transports: executors LISTEN on either): copies of the NOTIFYs the
   product sends -- ``<schema>.requested``, ``.capacity``, ``.completed`` with recent ids,
-  ``.worker.<id>`` for every worker.
+  ``.worker.<id>`` for every worker, ``.workflow``; and duplicate completions: the
+  ``child_ended`` events of recently ended workflow children inserted again.
 - RabbitMQ: a tap queue bound with ``#`` to ``<prefix>.executions`` receives a copy of
   every message the relays publish (``execution.scheduled``/``requested``/``completed``,
   ``worker.capacity``); raw copies of recent ones are published again, byte for byte with
@@ -43,6 +44,7 @@ class NotifyDuplicator(threading.Thread):
         self.stop = threading.Event()
         self.sent = 0
         self.failed = 0
+        self.replayed = 0
 
     def run(self) -> None:
         conn: psycopg.Connection[dict[str, Any]] | None = None
@@ -60,7 +62,12 @@ class NotifyDuplicator(threading.Thread):
                 ).fetchone()
                 assert row is not None
                 conn.execute("SELECT pg_notify(%s, %s)", (f"{SCHEMA}.completed", row["recent"] or ""))
-                self.sent += 3 + int(row["n"])
+                conn.execute("SELECT pg_notify(%s, '')", (f"{SCHEMA}.workflow",))
+                self.sent += 4 + int(row["n"])
+                # Duplicate completions: the end of recently ended workflow children told
+                # again (their first event is applied, or still pending: then the unique
+                # index keeps one), for the advancement to apply once all the same.
+                self.replayed += conn.execute(REPLAY).rowcount
             except psycopg.Error:
                 self.failed += 1
                 if conn is not None:
@@ -68,6 +75,16 @@ class NotifyDuplicator(threading.Thread):
                 conn = None
         if conn is not None:
             conn.close()
+
+
+REPLAY = """
+INSERT INTO workflow_event (workflow_execution, kind, execution)
+SELECT w.id, 'child_ended', c.id
+FROM (SELECT id, parent FROM execution WHERE parent IS NOT NULL AND ended IS NOT NULL
+      ORDER BY ended DESC LIMIT 5) c
+JOIN workflow_execution w ON w.execution = c.parent
+ON CONFLICT DO NOTHING
+"""
 
 
 class BrokerDuplicator(threading.Thread):

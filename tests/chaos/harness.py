@@ -29,6 +29,7 @@ from acceptance.pg import PrivatePostgres
 from conveyor import failpoints
 
 from . import report as reporting
+from . import workflows as chaos_workflows
 from .dupes import BrokerDuplicator, NotifyDuplicator, delete_tap
 from .faults import Injector, Monitor, Outages, Timing, connect
 from .fleet import Fleet
@@ -195,6 +196,13 @@ def _build_fleet(config: ChaosConfig, env: dict[str, str], log_dir: Path, rng: r
             # Relays share the outbox and publish in batches: fewer passes to count.
             f"{second}@{rng.randint(3, 8) if config.transport == 'rabbitmq' else rng.randint(20, 40)}",
         ]
+        # Another replica dies inside a workflow's advancement (children requested, not
+        # committed), then its next incarnation with the advancement committed.
+        if config.executors > 1:
+            fleet.failpoint_plan[f"e{config.executors - 1}"] = [
+                f"{point('workflow.after_child_row')}@{rng.randint(10, 30)}",
+                f"{point('workflow.before_commit')}@{rng.randint(10, 30)}",
+            ]
         worker_point = point("worker.before_result_commit")
         fleet.failpoint_plan[f"chaos-w{config.workers}"] = [f"{worker_point}@{rng.randint(30, 50)}"]
     return fleet
@@ -240,6 +248,7 @@ def _settled(url: str, rabbitmq: bool, fleet: Fleet) -> Callable[[], bool]:
                 "SELECT count(*) AS n FROM worker WHERE status <> 'active' "
                 "OR last_heartbeat < now() - make_interval(secs => stale_after)",
             ]
+            queries.append("SELECT count(*) AS n FROM workflow_event")  # replays of ended ones consumed
             if rabbitmq:
                 queries.append("SELECT count(*) AS n FROM outbox")
             live = [m.current.pid for m in fleet.members.values()]
@@ -275,6 +284,8 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         progress(f"chaos: {config.transport}, seed {seed}, logs in {log_dir}; starting processes")
         _start_all(fleet, rabbitmq)
         policies = reporting.ensure_policies(db_url)
+        with connect(db_url) as conn:
+            chaos_workflows.register(conn)  # their actions exist now: the workers registered them
 
         monitor = Monitor(db_url, rabbitmq)
         injector = Injector(fleet, db_url, rng.randrange(1 << 30), config.timing, {"executor": 1, "worker": 2})

@@ -15,6 +15,8 @@ import psycopg
 from conveyor.domain.errors import ConveyorError
 from conveyor.sdk import Client, request_execution
 
+from .workflows import MIX as WORKFLOW_MIX
+
 SCHEMA = "conveyor"
 
 # (weight, ref); parameters are drawn per request below.
@@ -25,6 +27,7 @@ MIX: list[tuple[int, str]] = [
     (14, "chaos.fifo"),
     (12, "chaos.pair"),
     (5, "chaos.gated"),
+    *WORKFLOW_MIX,  # sequential, with items, fan-out and join (workflows.py)
 ]
 FIFO_GROUPS = ("a", "b", "c", "d")
 PAIR_GROUPS = ("x", "y", "z")

@@ -166,7 +166,7 @@ def build(i: Inputs) -> ChaosResult:
         "  failpoints fired: " + (", ".join(fired) or "none"),
         "  duplicates: "
         + ", ".join(
-            [f"{i.notify_dupes.sent} NOTIFYs"]
+            [f"{i.notify_dupes.sent} NOTIFYs", f"{i.notify_dupes.replayed} workflow children's completions replayed"]
             + ([f"{n} {what}" for what, n in sorted(i.broker_dupes.counts.items())] if i.broker_dupes else [])
         ),
         f"  ends of runs spilled to files while the database was down: {spilled}",
