@@ -44,3 +44,18 @@ class SchemaTooNewError(ConveyorError):
 
 class DatabaseUnavailableError(ConveyorError):
     pass
+
+
+class InvalidWorkflowError(ConveyorError):
+    """A workflow definition registration refused, with every problem found: ``problems``
+    are (where, path, message), ``where`` naming the file (empty for a single definition),
+    ``path`` the place in the definition (``tasks.deploy.next[0].do``)."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        lines = [f"{where + ': ' if where else ''}{path}: {message}" for where, path, message in problems]
+        super().__init__(f"invalid workflow definition ({len(problems)} problem(s)): " + "; ".join(lines))
+
+    def lines(self) -> list[str]:
+        """One line per problem, for a terminal."""
+        return [f"{where + ': ' if where else ''}{path}: {message}" for where, path, message in self.problems]
