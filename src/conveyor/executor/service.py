@@ -44,6 +44,7 @@ class ExecutorService:
             batch_size=cfg.batch_size,
             no_worker_grace=cfg.no_worker_grace,
             unplaceable_check_interval=cfg.poll_interval,
+            workflow_max_depth=settings.workflow.max_depth,
         )
         self._recovery = Recovery(pool, settings)
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)

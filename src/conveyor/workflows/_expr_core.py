@@ -1,0 +1,245 @@
+"""What both expression engines share: the scope, the error, the bounds, the functions.
+
+Private to :mod:`conveyor.workflows.expressions` (import from there). The functions read the
+evaluation in progress from a context variable rather than from their arguments, so each
+engine registers them once (not once per evaluation: a ``with`` of 10,000 items evaluates
+its input 10,000 times).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from collections.abc import Mapping, Sequence, Set
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+
+class _Missing:
+    """The type of :data:`MISSING`: no item (the task has no ``with``)."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Final = _Missing()
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What an expression sees.
+
+    ``ctx``: the workflow's variables (inputs, vars, published values). ``result`` and
+    ``status`` ('succeeded' | 'failed' | None): the task that just ended, for ``next``
+    and ``retry``. ``item``/``index``: the current ``with`` item (MISSING outside one).
+    ``item_vars``: the names of Orquesta's ``x in <% ... %>`` / ``x, y in <% ... %>``
+    form (see :func:`item_vars`): then ``item()`` returns ``{x: ...}``, ``item(x)`` the value,
+    and ``ctx(x)`` / ``$.x`` see it too. ``tasks``: ``{"status", "result"}`` per task name,
+    for ``task(name)``."""
+
+    ctx: Mapping[str, Any]
+    result: Any = None
+    status: str | None = None
+    item: Any = MISSING
+    index: int | None = None
+    tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    item_vars: tuple[str, ...] = ()
+
+
+def item_vars(var: str | None) -> tuple[str, ...]:
+    """The names in a :class:`~conveyor.workflows.spec.WithItems` ``var`` ("x" or "x, y")."""
+    return tuple(v.strip() for v in var.split(",") if v.strip()) if var else ()
+
+
+class ExpressionError(Exception):
+    """An expression that cannot be evaluated (or parsed): which one, and why."""
+
+    def __init__(self, expression: str, message: str) -> None:
+        super().__init__(expression, message)
+        self.expression = expression
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"expression {self.expression!r}: {self.message}"
+
+
+class Refused(Exception):
+    """Raised inside an engine when a bound or the sandbox refuses something; the caller
+    turns it into an :class:`ExpressionError` naming the expression."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds of one :func:`evaluate` call (the whole value, every expression in it).
+
+    ``seconds``: wall time; ``max_bytes``: the JSON-encoded size of any result (and of any
+    string or collection built on the way, where the engine lets us see it). Five seconds:
+    YAQL spends about 0.1 ms per lambda call, so a ``select`` over 10,000 items takes one."""
+
+    seconds: float = 5.0
+    max_bytes: int = 1 << 20
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+@dataclass(slots=True)
+class Evaluation:
+    """The evaluation in progress (one per :func:`evaluate` call)."""
+
+    scope: Scope
+    limits: Limits
+    deadline: float
+    ctx_view: Mapping[str, Any]
+
+    def check(self) -> None:
+        # Python's clock is right here: this bounds CPU spent, it decides nothing durable.
+        if time.monotonic() > self.deadline:
+            raise Refused(f"took longer than {self.limits.seconds:g} s")
+
+
+CURRENT: ContextVar[Evaluation | None] = ContextVar("conveyor_expression_evaluation", default=None)
+
+
+def current() -> Evaluation:
+    ev = CURRENT.get()
+    if ev is None:  # only if a function is called outside evaluate(): a programming error
+        raise Refused("workflow functions are only available inside evaluate()")
+    ev.check()
+    return ev
+
+
+def begin(scope: Scope, limits: Limits) -> Evaluation:
+    view: Mapping[str, Any] = scope.ctx
+    if scope.item_vars and scope.item is not MISSING:
+        view = {**scope.ctx, **bound_item(scope)}
+    return Evaluation(scope, limits, time.monotonic() + limits.seconds, view)
+
+
+def bound_item(scope: Scope) -> dict[str, Any]:
+    """``{x: item}`` for one name; ``{x: item[0], y: item[1]}`` for several (Orquesta)."""
+    names = scope.item_vars
+    if len(names) == 1:
+        return {names[0]: scope.item}
+    if not isinstance(scope.item, Sequence) or isinstance(scope.item, str) or len(scope.item) != len(names):
+        raise Refused(f"item {scope.item!r} cannot be unpacked into {', '.join(names)}")
+    return dict(zip(names, scope.item, strict=True))
+
+
+# ---------------------------------------------------------------------------
+# The workflow functions (Orquesta's), shared by YAQL and Jinja.
+# ---------------------------------------------------------------------------
+
+
+def fn_ctx(name: str | None = None) -> Any:
+    ev = current()
+    if name is None:
+        return dict(ev.ctx_view)
+    if name not in ev.ctx_view:
+        raise Refused(f"ctx has no variable {name!r}")
+    return ev.ctx_view[name]
+
+
+def fn_result() -> Any:
+    return current().scope.result
+
+
+def fn_succeeded() -> bool:
+    return current().scope.status == "succeeded"
+
+
+def fn_failed() -> bool:
+    return current().scope.status == "failed"
+
+
+def fn_completed() -> bool:
+    return current().scope.status in ("succeeded", "failed")
+
+
+def fn_item(name: str | None = None) -> Any:
+    scope = current().scope
+    if scope.item is MISSING:
+        raise Refused("item() is only available in a task with `with` items")
+    if not scope.item_vars:
+        if name is None:
+            return scope.item
+        if isinstance(scope.item, Mapping) and name in scope.item:
+            return scope.item[name]
+        raise Refused(f"the item has no {name!r}")
+    bound = bound_item(scope)
+    if name is None:
+        return bound
+    if name not in bound:
+        raise Refused(f"the item has no {name!r} (its names: {', '.join(scope.item_vars)})")
+    return bound[name]
+
+
+def fn_task(name: str) -> dict[str, Any]:
+    tasks = current().scope.tasks
+    if name not in tasks:
+        raise Refused(f"no task {name!r} has run")
+    return {"status": tasks[name].get("status"), "result": tasks[name].get("result")}
+
+
+def fn_task_status(name: str) -> Any:
+    return fn_task(name)["status"]
+
+
+def fn_to_json_string(value: Any) -> str:
+    current()
+    return json.dumps(plain(value), sort_keys=True)
+
+
+def fn_from_json_string(text: str) -> Any:
+    current()
+    return json.loads(text)
+
+
+FUNCTIONS: Final[dict[str, Any]] = {
+    "ctx": fn_ctx,
+    "result": fn_result,
+    "succeeded": fn_succeeded,
+    "failed": fn_failed,
+    "completed": fn_completed,
+    "item": fn_item,
+    "task": fn_task,
+    "task_status": fn_task_status,
+    "to_json_string": fn_to_json_string,
+    "from_json_string": fn_from_json_string,
+}
+
+
+def plain(value: Any) -> Any:
+    """The JSON form of what an engine returned (tuples, frozen dicts, sets, datetimes)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence | Set) and not isinstance(value, bytes | bytearray):
+        return [plain(v) for v in value]
+    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
+        return value.isoformat()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    raise Refused(f"the result is not JSON data (a {type(value).__name__})")
+
+
+def bounded(value: Any, limits: Limits) -> Any:
+    """``value`` as JSON data, refused when its encoding is larger than the limit."""
+    data = plain(value)
+    size = len(json.dumps(data, separators=(",", ":"), default=str))
+    if size > limits.max_bytes:
+        raise Refused(f"the result is {size} bytes, more than the limit of {limits.max_bytes}")
+    return data
