@@ -26,9 +26,10 @@ from conveyor.workflows.spec import WorkflowSpec
 
 
 class Buildable(Protocol):
-    """What the Python builder gives: something that builds a spec."""
+    """The Python builder (conveyor.workflows.builder.Workflow): registered as the YAML it
+    writes, so what is stored is what the equivalent file would give."""
 
-    def build(self) -> WorkflowSpec: ...
+    def to_yaml(self) -> str: ...
 
 
 def definition_of(workflow: str | Path | WorkflowSpec | Buildable, ref: str | None = None) -> Definition:
@@ -39,7 +40,7 @@ def definition_of(workflow: str | Path | WorkflowSpec | Buildable, ref: str | No
         return Definition(text=workflow, ref=ref)
     if isinstance(workflow, WorkflowSpec):
         return Definition(spec=workflow, ref=ref)
-    return Definition(spec=workflow.build(), ref=ref)
+    return Definition(text=workflow.to_yaml(), ref=ref)
 
 
 class WorkflowMethods:

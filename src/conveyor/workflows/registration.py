@@ -13,14 +13,16 @@ count as known actions.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+import json
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from conveyor.domain.errors import InvalidWorkflowError
-from conveyor.workflows.parse import WorkflowError, parse_workflow
+from conveyor.workflows.parse import load_workflow, parse_workflow
+from conveyor.workflows.problems import Problem, WorkflowError
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.validate import validate
 
@@ -31,11 +33,12 @@ MAX_SOURCE = 1024 * 1024  # characters of one definition's text (a bound on what
 
 @dataclass(frozen=True, slots=True)
 class Definition:
-    """One definition to register: ``text`` (YAML, or JSON, which is YAML) or a ``spec``
-    already built in Python; ``ref`` names it when its text has no ``ref:``; ``where``
-    names it in messages (a file name)."""
+    """One definition to register: ``text`` (YAML, or JSON, which is YAML), ``data`` (the
+    same document already loaded, e.g. a JSON body) or a ``spec`` already built; ``ref``
+    names it when it has no ``ref:``; ``where`` names it in messages (a file name)."""
 
     text: str | None = None
+    data: Mapping[str, Any] | None = None
     spec: WorkflowSpec | None = None
     ref: str | None = None
     where: str = ""
@@ -60,21 +63,17 @@ class Registration:
 def _parse(d: Definition) -> WorkflowSpec:
     if d.spec is not None:
         return d.spec if d.ref is None or d.ref == d.spec.ref else _renamed(d.spec, d.ref)
+    if d.data is not None:
+        return load_workflow(d.data, ref=d.ref)
     if d.text is None:
-        raise WorkflowError([_problem("", "no definition given")])
+        raise WorkflowError([Problem("", "no definition given")])
     if len(d.text) > MAX_SOURCE:
-        raise WorkflowError([_problem("", f"the definition is over {MAX_SOURCE} characters")])
+        raise WorkflowError([Problem("", f"the definition is over {MAX_SOURCE} characters")])
     return parse_workflow(d.text, ref=d.ref)
 
 
 def _renamed(spec: WorkflowSpec, ref: str) -> WorkflowSpec:
     return WorkflowSpec.from_json({**spec.to_json(), "ref": ref})
-
-
-def _problem(path: str, message: str) -> Any:
-    from conveyor.workflows.parse import Problem
-
-    return Problem(path, message)
 
 
 def prepare(definitions: Sequence[Definition], known_actions: Collection[str]) -> list[Registration]:
@@ -98,4 +97,11 @@ def prepare(definitions: Sequence[Definition], known_actions: Collection[str]) -
         problems += [(d.where, p.path, p.message) for p in validate(spec, known)]
     if problems:
         raise InvalidWorkflowError(problems)
-    return [Registration(spec, d.text) for d, spec in specs]
+    return [Registration(spec, _source(d)) for d, spec in specs]
+
+
+def _source(d: Definition) -> str | None:
+    """What is kept as written: the text, or a loaded document as JSON (which is YAML)."""
+    if d.data is not None:
+        return json.dumps(d.data, indent=2, ensure_ascii=False)
+    return d.text

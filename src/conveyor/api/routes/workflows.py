@@ -5,7 +5,6 @@ workflow execution's ``/tree``, ``/children``, ``/pause`` and ``/resume`` under
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, status
@@ -54,12 +53,11 @@ async def _workflow(conn: Any, ref: str, version: int | None = None) -> dict[str
 async def register(body: WorkflowIn, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Register a definition (a new version when its ref exists): checked first, every
     problem answered at once (422 with their paths); nothing is stored unless it is valid."""
-    # JSON is YAML: a JSON definition takes the same parser, and its messages the same paths.
-    text = body.source if body.source is not None else json.dumps(body.definition)
+    definition = Definition(text=body.source, data=body.definition, ref=body.ref)
     async with ctx.pool.connection() as conn, conn.transaction():
         known = [r["ref"] for r in await (await conn.execute(Q["workflow_known_actions"])).fetchall()]
         # Parsing and validating is CPU work (YAML, expressions): off the event loop.
-        (registration,) = await run_in_threadpool(prepare, [Definition(text=text, ref=body.ref)], known)
+        (registration,) = await run_in_threadpool(prepare, [definition], known)
         with verbs.refusals():
             row = await (await conn.execute(Q["register_workflow"], registration.params())).fetchone()
         return await _workflow(conn, registration.spec.ref, row["version"])

@@ -93,12 +93,15 @@ WHERE t.workflow_execution = (SELECT w.id FROM workflow_execution w WHERE w.exec
 ORDER BY t.created, t.iteration, t.task_name;
 
 -- name: workflow_task_states
--- Each task's latest instance (the dashboard's graph colours): status, iteration, and
--- for a `with` task how many items ended.
+-- Each task's latest instance (the dashboard's graph colours): status, iteration, for a
+-- `with` task how many items ended, and the child execution of a task without items.
 SELECT DISTINCT ON (t.task_name) t.task_name AS task, t.iteration, t.status, t.items_total,
        (SELECT count(*) FROM workflow_task_dispatch d
         WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
-          AND d.iteration = t.iteration AND d.status <> 'running') AS items_done
+          AND d.iteration = t.iteration AND d.status <> 'running') AS items_done,
+       (SELECT d.execution FROM workflow_task_dispatch d
+        WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
+          AND d.iteration = t.iteration AND d.task_index IS NULL) AS child
 FROM workflow_task t
 WHERE t.workflow_execution = (SELECT w.id FROM workflow_execution w WHERE w.execution = %(id)s)
 ORDER BY t.task_name, t.iteration DESC;
