@@ -12,8 +12,8 @@ count as known actions.
 
 from __future__ import annotations
 
-import re
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
