@@ -56,3 +56,61 @@ def events(conn: Conn, execution: int) -> list[tuple[str, Any]]:
             (execution,),
         ).fetchall()
     ]
+
+
+class Scripted:
+    """A stand-in for the conductor: returns the next scripted Step (or a function of the
+    state and events) and records what it was given."""
+
+    def __init__(self, *steps: Any) -> None:
+        self.steps = list(steps)
+        self.calls: list[tuple[Any, list[Any]]] = []
+
+    def __call__(self, spec: Any, state: Any, events: Any) -> Any:
+        self.calls.append((state, list(events)))
+        step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
+        return step(state, events) if callable(step) else step
+
+
+async def started(conn: Conn, pool: Pool, transport: PostgresTransport, spec: WorkflowSpec | None = None,
+                  parameters: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """A registered workflow's execution, started (running, with its 'start' event)."""
+    spec = spec or sequence()
+    if conn.execute("SELECT 1 FROM workflow_definition WHERE ref = %s", (spec.ref,)).fetchone() is None:
+        register(conn, spec)
+    eid = request(conn, spec.ref, parameters)
+    await start(pool, transport)
+    return eid
+
+
+def children(conn: Conn, parent: int) -> list[dict[str, Any]]:
+    return conn.execute("SELECT * FROM execution WHERE parent = %s ORDER BY id", (parent,)).fetchall()
+
+
+def dispatches(conn: Conn, execution: int) -> list[dict[str, Any]]:
+    return conn.execute(
+        "SELECT d.* FROM workflow_task_dispatch d JOIN workflow_execution w ON w.id = d.workflow_execution"
+        " WHERE w.execution = %s ORDER BY d.task_name, d.iteration, d.task_index",
+        (execution,),
+    ).fetchall()
+
+
+def wf_id(conn: Conn, execution: int) -> int:
+    row = state(conn, execution)
+    assert row is not None
+    return int(row["id"])
+
+
+# The edges a child takes from requested to each end (the guard trigger checks them).
+_PATHS = {
+    "completed": ("scheduling", "scheduled", "running", "completed"),
+    "timeout": ("scheduling", "scheduled", "running", "timeout"),
+    "failed": ("scheduling", "failed"),
+    "cancelled": ("cancelled",),
+}
+
+
+def end(conn: Conn, execution: int, status: str = "completed", result: Any = None) -> None:
+    """A requested child ends as the services would end it (its event comes from the trigger)."""
+    for step in _PATHS[status]:
+        conn.execute("UPDATE execution SET status = %s, result = %s WHERE id = %s", (step, Jsonb(result), execution))
