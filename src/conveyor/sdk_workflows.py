@@ -55,7 +55,7 @@ class WorkflowMethods:
 
     def register_workflows(self, definitions: Sequence[Definition]) -> list[dict[str, Any]]:
         """Register several definitions in one transaction: all or none."""
-        with self.conn.transaction():
+        with verbs.refusals(), self.conn.transaction():
             known = [r["ref"] for r in self.conn.execute(Q["workflow_known_actions"]).fetchall()]
             registrations = prepare(definitions, known)
             out = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -95,8 +96,9 @@ def get(
     if as_json:
         print_json(workflow)
         return
-    if source:
-        console.print(workflow["source"] or json.dumps(workflow["definition"], indent=2), markup=False, highlight=False)
+    if source:  # exactly as registered (a spec built in Python has none: its stored form)
+        text = workflow["source"] or json.dumps(workflow["definition"], indent=2) + "\n"
+        sys.stdout.write(text)
         return
     show_workflow(workflow)
 
