@@ -76,7 +76,11 @@ class WorkflowDeleted(BaseModel):
 
 
 class ProblemOut(BaseModel):
-    path: str
+    """A problem of the definition (``path`` in it: ``tasks.deploy.next[0].do``), or of the
+    request body itself (``field``), as every 422 of the API names it."""
+
+    path: str | None = Field(None, description="where in the definition")
+    field: str | None = Field(None, description="which field of the request body")
     message: str
 
 
