@@ -168,3 +168,37 @@ async def test_rerun_from_failed(api: Api, pool: AsyncConnectionPool[Any], trans
     # Without from_failed: a new execution with the same parameters, as for any action.
     again = await api.post(f"/api/v1/executions/{eid}/rerun")
     assert (again.status_code, again.json()["action_ref"], again.json()["status"]) == (201, "tests.fan", "requested")
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+
+
+async def test_the_dashboard_draws_the_graph_with_live_states(
+    api: Api, pool: AsyncConnectionPool[Any], transport: PostgresTransport
+) -> None:
+    eid = await started(api, pool, transport)
+    before = await api.get(f"/_live/executions/{eid}")
+    assert before.status_code == 200, before.text
+    assert 'class="wf-task g-none" data-task="each"' in before.text  # nothing entered yet
+    ids = await advanced(api, eid)
+    for path in (f"/executions/{eid}", f"/_live/executions/{eid}"):
+        page = await api.get(path)
+        assert page.status_code == 200, page.text
+        assert f'<a href="/executions/{ids["prepare"]}">' in page.text
+        assert 'class="wf-task g-succeeded" data-task="prepare"' in page.text
+        assert 'class="wf-task g-running" data-task="each"' in page.text
+        assert "running · 2/3 items" in page.text  # two of three items ended
+        assert 'data-from="prepare" data-to="each"' in page.text
+        assert 'id="workflow-tasks"' in page.text
+    plain = await api.get(f"/executions/{await request(api)}")
+    assert plain.status_code == 200
+    assert "wf-graph" not in plain.text
+
+    listed = await api.get("/workflows")
+    assert listed.status_code == 200
+    assert 'data-workflow="tests.fan"' in listed.text
+    shown = await api.get("/workflows/tests.fan")
+    assert shown.status_code == 200
+    assert shown.text.count('class="wf-task g-none"') == 2
+    assert "with: x in &lt;% range(3) %&gt;" in shown.text  # the source, escaped
+    assert (await api.get("/workflows/tests.nothing")).status_code == 404
