@@ -16,7 +16,6 @@ executor nor hold up the other workflows.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
 from conveyor.store.queries import Q
+from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     CancelRequested,
@@ -63,17 +63,11 @@ class PassResult:
     skipped: int  # workflows another replica was advancing
 
 
-def _conductor() -> Decide:
-    # Imported when first used: the conductor is a module of its own (workflows/conductor.py).
-    decide: Decide = importlib.import_module("conveyor.workflows.conductor").advance
-    return decide
-
-
 class Advancer:
     def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None) -> None:
         self._pool = pool
         self._batch_size = batch_size
-        self._decide = decide
+        self._decide: Decide = decide or advance  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
 
     async def run_pass(self) -> PassResult:
@@ -131,7 +125,7 @@ class Advancer:
         for e in events:
             if isinstance(e, CancelRequested) and policy != "cancel_running":
                 policy = e.policy
-        step = (self._decide or _conductor())(spec, state, events) if events else None
+        step = self._decide(spec, state, events) if events else None
         if step is not None:
             await self._apply(conn, wf, spec, step, policy)
         await conn.execute(Q["workflow_consume_events"], {"ids": ids})
@@ -156,7 +150,7 @@ class Advancer:
         tasks = await (await conn.execute(Q["workflow_tasks"], {"id": wf["id"]})).fetchall()
         dispatches = await (await conn.execute(Q["workflow_dispatches"], {"id": wf["id"]})).fetchall()
         runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
-                        t["result"], t["error"]) for t in tasks]  # fmt: skip
+                        t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
         ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
                        d["result"]) for d in dispatches]  # fmt: skip
         return WorkflowState(
@@ -296,6 +290,8 @@ def _tasks_params(wid: int, tasks: Sequence[TaskRun]) -> dict[str, Any]:
         "id": wid, "names": [t.name for t in tasks], "iterations": [t.iteration for t in tasks],
         "statuses": [t.status for t in tasks], "arrivals": [Jsonb(list(t.arrivals)) for t in tasks],
         "items_totals": [t.items_total for t in tasks], "results": [Jsonb(t.result) for t in tasks],
+        "items": [None if t.items is None else Jsonb(t.items) for t in tasks],
+        "concurrencies": [t.concurrency for t in tasks],
         "errors": [t.error for t in tasks],
     }  # fmt: skip
 
