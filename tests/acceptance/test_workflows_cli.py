@@ -39,6 +39,23 @@ output:
   - said: <% ctx(said) %>
 """
 
+FAN = """
+ref: demo.fan
+input: [names]
+tasks:
+  each:
+    with:
+      items: n in <% ctx(names) %>
+      concurrency: 2
+    action: core.echo message="hi <% item(n) %>"
+    next:
+      - when: <% succeeded() %>
+        publish:
+          - said: <% result() %>
+output:
+  - said: <% ctx(said) %>
+"""
+
 BROKEN = """
 ref: demo.broken
 tasks:
@@ -131,3 +148,14 @@ def test_register_and_run_through_the_rest_api(procs: Procs) -> None:
         children = client.get(f"/api/v1/executions/{eid}/children").json()
         assert [c["action_ref"] for c in children] == ["core.echo", "core.echo"]
         assert [c["id"] for c in children] == [t["children"][0]["execution"] for t in tree["tasks"]]
+
+        # `with` items: one child per item, results in item order.
+        assert client.post("/api/v1/workflows", json={"source": FAN}).status_code == 201
+        names = ["a", "b", "c"]
+        body = {"action_ref": "demo.fan", "parameters": {"names": names}}
+        eid = client.post("/api/v1/executions", json=body).json()["id"]
+        execution = eventually(ended, timeout=30, interval=0.1, message=procs.logs)
+        assert (execution["status"], execution["result"]) == ("completed", {"said": ["hi a", "hi b", "hi c"]})
+        (each,) = client.get(f"/api/v1/executions/{eid}/tree").json()["tasks"]
+        assert (each["items_total"], each["counts"]) == (3, {"succeeded": 3})
+        assert [(c["index"], c["result"]) for c in each["children"]] == [(0, '"hi a"'), (1, '"hi b"'), (2, '"hi c"')]
