@@ -26,6 +26,7 @@ from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, Unknow
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk_workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 
@@ -98,8 +99,8 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client:
-    """A synchronous client for scripts and the CLI."""
+class Client(WorkflowMethods):
+    """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py)."""
 
     def __init__(self, url: str, schema: str = "conveyor") -> None:
         self.url = url
@@ -204,11 +205,18 @@ class Client:
         row = self.conn.execute(Q["admission_of"], {"id": execution_id}).fetchone()
         return dict(row) if row else None
 
-    def cancel(self, execution_id: int, *, by: str = "sdk") -> str:
+    def cancel(self, execution_id: int, *, by: str = "sdk", policy: str | None = None) -> str:
         """Cancel an execution; returns its new status: ``cancelled`` (it had not started),
         or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
-        raises ConflictError."""
-        row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+        raises ConflictError. A running workflow is ``canceling`` until its children
+        settle: ``policy`` ``allow_finish`` (the default) lets them finish,
+        ``cancel_running`` cancels them."""
+        if policy is None:
+            row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+        else:
+            with verbs.refusals():
+                params = {"id": execution_id, "by": by, "policy": policy}
+                row = self.conn.execute(Q["cancel_workflow"], params).fetchone()
         return verbs.cancelled(execution_id, row)
 
     def wait(self, execution_id: int, timeout: float | None = None) -> Execution:

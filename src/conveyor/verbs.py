@@ -2,7 +2,9 @@
 
 Each verb is one SQL function in the database (``request_execution``,
 ``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
-``set_admission_policy``, ``delete_admission_policy``, ``replay_message``); its wake-ups
+``set_admission_policy``, ``delete_admission_policy``, ``replay_message``,
+``register_workflow``, ``delete_workflow``, ``pause_execution``, ``resume_execution``,
+``rerun_execution``, ``cancel_workflow``); its wake-ups
 come from triggers, not from the caller. What is here is only what every caller needs
 around that one call, written once: the checks made before it (full JSON Schema, policy
 specs) and what its answer means -- an error a user can act on, or the result. A caller
@@ -29,6 +31,8 @@ from conveyor.domain.errors import (
     NotFoundError,
     UnknownActionError,
 )
+from conveyor.workflows.graph import graph
+from conveyor.workflows.spec import WorkflowSpec
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -36,6 +40,9 @@ INVALID_PARAMETERS = "CVA02"
 KEY_REUSED = "CVA03"
 NO_POLICY = "CVN03"
 POLICY_FROM_DEFINITION = "CVC02"
+NOT_A_WORKFLOW_ACTION = "CVC03"  # register_workflow: the ref is another runner type's action
+NOTHING_TO_RERUN = "CVC04"  # rerun_execution: the workflow has not ended, or ended well
+NOT_A_WORKFLOW = "CVN04"  # rerun_execution: no such workflow execution
 
 # admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
 _TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
@@ -53,8 +60,10 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
         return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     if exc.sqlstate == NO_POLICY:
         return policy_not_found(target)
-    if exc.sqlstate == POLICY_FROM_DEFINITION:
+    if exc.sqlstate in (POLICY_FROM_DEFINITION, NOT_A_WORKFLOW_ACTION, NOTHING_TO_RERUN):
         return ConflictError(message)
+    if exc.sqlstate == NOT_A_WORKFLOW:
+        return NotFoundError(message)
     return exc
 
 
@@ -135,3 +144,53 @@ def policy_found(target: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
     if row is None:
         raise policy_not_found(target)
     return dict(row)
+
+
+# -- workflows (definitions: workflows/registration.py) -----------------------------------
+
+
+def workflow_found(
+    ref: str, version: int | None, row: Mapping[str, Any] | None, versions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A ``get_workflow`` row with its ``versions`` and ``graph`` (nodes, edges)."""
+    if row is None:
+        which = f"version {version} of " if version is not None and versions else ""
+        raise NotFoundError(f"no {which}workflow {ref!r} (see `conveyor workflows list`)")
+    spec = WorkflowSpec.from_json(row["definition"])
+    return {**row, "versions": [dict(v) for v in versions], "graph": graph(spec).to_json()}
+
+
+def workflow_deleted(ref: str, row: Mapping[str, Any] | None) -> int:
+    """What ``delete_workflow`` answered: the versions deleted (none: no such workflow)."""
+    if row is None or not row["versions"]:
+        raise NotFoundError(f"no workflow {ref!r} (see `conveyor workflows list`)")
+    return int(row["versions"])
+
+
+_PAUSE_NEEDS = {"pause": "running", "resume": "paused"}
+
+
+def workflow_changed(execution_id: int, verb: str, row: Mapping[str, Any] | None) -> str:
+    """What ``pause_execution`` / ``resume_execution`` answered: the new status. No row:
+    no such execution; ``now`` NULL: not a workflow in the status the verb needs."""
+    if row is None:
+        raise ExecutionNotFoundError(execution_id)
+    if row["now"] is None:
+        raise ConflictError(
+            f"execution {execution_id} is {row['was']}: only a {_PAUSE_NEEDS[verb]} workflow execution can {verb}"
+        )
+    return str(row["now"])
+
+
+def rerun_started(execution_id: int, row: Mapping[str, Any] | None) -> int:
+    assert row is not None  # the function returns an id or raises
+    return int(row["id"])
+
+
+def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A workflow execution as ``executions get`` and ``/tree`` show it: its state and its
+    task instances (oldest first; ties in definition order), without the definition."""
+    order = {t["name"]: i for i, t in enumerate(workflow["definition"].get("tasks", []))}
+    ranked = sorted(tasks, key=lambda t: (t["created"], t["iteration"], order.get(t["task"], len(order))))
+    state = {k: v for k, v in workflow.items() if k not in ("definition", "id")}
+    return {**state, "tasks": [dict(t) for t in ranked]}

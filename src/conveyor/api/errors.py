@@ -17,6 +17,7 @@ from conveyor.domain.errors import (
     ConveyorError,
     ExecutionNotFoundError,
     InvalidParametersError,
+    InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
 )
@@ -60,6 +61,9 @@ def install(app: FastAPI) -> None:
             return error(404, str(exc))
         if isinstance(exc, ConflictError):
             return error(409, str(exc))
+        if isinstance(exc, InvalidWorkflowError):  # every problem, each with its path
+            problems = [{"path": path, "message": message} for _, path, message in exc.problems]
+            return error(422, str(exc), problems=problems)
         if isinstance(exc, UnknownActionError | InvalidParametersError):
             return error(422, str(exc))
         return error(400, str(exc))

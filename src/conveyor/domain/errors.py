@@ -44,3 +44,17 @@ class SchemaTooNewError(ConveyorError):
 
 class DatabaseUnavailableError(ConveyorError):
     pass
+
+
+class InvalidWorkflowError(ConveyorError):
+    """A workflow registration refused, with every problem found: ``problems`` are
+    (where, path, message), ``where`` naming the file (empty for a single definition),
+    ``path`` the spot in the definition (``tasks.deploy.next[0].do``; empty: the whole)."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        super().__init__(f"invalid workflow definition ({len(problems)} problem(s)): " + "; ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """One line per problem, for a terminal."""
+        return [": ".join(part for part in problem if part) for problem in self.problems]

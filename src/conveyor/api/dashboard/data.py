@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from conveyor.api.dashboard.web import pretty
+from conveyor.api.dashboard.workflow_views import workflow_of
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.status import TERMINAL, ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
@@ -167,7 +168,7 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
     final = row["status"] in FINISHED and all(a["ended"] is not None for a in attempts)
     return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
-            "output": _output(row["result"]), "final": final}  # fmt: skip
+            "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid)}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from conveyor.api.context import context
-from conveyor.api.dashboard import data
+from conveyor.api.dashboard import data, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
@@ -162,3 +162,22 @@ async def dead_letters(request: Request) -> Response:
 @router.get("/_live/dead-letters")
 async def dead_letters_live(request: Request) -> Response:
     return await _view(request, "dead_letters.html", _dead_letters_loader(request), live=True)
+
+
+# -- workflows ------------------------------------------------------------------------------
+
+
+@router.get("/workflows")
+async def workflows(request: Request) -> Response:
+    return await _view(request, "workflows.html", workflow_views.workflows)
+
+
+@router.get("/workflows/{ref}")
+async def workflow(request: Request, ref: str) -> Response:
+    async def load(conn: Any) -> dict[str, Any]:
+        values = await workflow_views.workflow(conn, ref)
+        if values is None:
+            raise NotFound(f"no workflow {ref}")
+        return values
+
+    return await _view(request, "workflow.html", load)

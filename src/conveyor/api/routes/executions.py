@@ -20,6 +20,7 @@ from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import ClientGoneError
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
+from conveyor.api.workflow_schemas import CancelIn, RerunIn
 from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
 from conveyor.domain.models import summary_fields
@@ -222,30 +223,46 @@ def _json_default(value: Any) -> Any:
 
 @router.get("/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
 async def get(execution_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    return await get_execution(ctx, _valid_id(execution_id))
+    return await get_execution(ctx, valid_id(execution_id))
 
 
-def _valid_id(eid: int) -> int:
+def valid_id(eid: int) -> int:
     if not 1 <= eid <= 2**62:
         raise ExecutionNotFoundError(eid)
     return eid
 
 
 @router.post("/{execution_id}/cancel", response_model=CancelOut, responses={**ERRORS, 409: {"model": ErrorOut}})
-async def cancel(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
+async def cancel(execution_id: int, ctx: Ctx, principal: Operator, body: CancelIn | None = None) -> dict[str, Any]:
     """Not started yet: ``cancelled`` at once. Running: ``canceling``, then ``cancelled`` once
-    its worker stopped it (process group killed). Finished: 409."""
-    eid = _valid_id(execution_id)
+    its worker stopped it (process group killed). Finished: 409. A running workflow is
+    ``canceling`` until its children settle: body ``{"policy": "cancel_running"}`` cancels
+    them, ``allow_finish`` (the default) lets them finish."""
+    eid = valid_id(execution_id)
+    policy = body.policy if body else None
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
+        if policy is None:
+            row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
+        else:
+            params = {"id": eid, "by": principal.name, "policy": policy}
+            row = await (await conn.execute(Q["cancel_workflow"], params)).fetchone()
     return {"id": eid, "status": verbs.cancelled(eid, row)}
 
 
 @router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,
-             responses=ERRORS)  # fmt: skip
-async def rerun(execution_id: int, ctx: Ctx, _: Operator) -> dict[str, Any]:
-    """A new execution of the same action with the same parameters."""
-    original = await get_execution(ctx, _valid_id(execution_id))
+             responses={**ERRORS, 409: {"model": ErrorOut}})  # fmt: skip
+async def rerun(execution_id: int, ctx: Ctx, principal: Operator, body: RerunIn | None = None) -> dict[str, Any]:
+    """A new execution of the same action with the same parameters. With body
+    ``{"from_failed": true}``, a failed (or cancelled) workflow from its failed tasks,
+    keeping the results of the tasks that completed (409 if it has not failed)."""
+    eid = valid_id(execution_id)
+    if body is not None and body.from_failed:
+        async with ctx.pool.connection() as conn:
+            with verbs.refusals():
+                params = {"id": eid, "from_failed": True, "by": principal.name}
+                row = await (await conn.execute(Q["rerun_execution"], params)).fetchone()
+        return await get_execution(ctx, verbs.rerun_started(eid, row))
+    original = await get_execution(ctx, eid)
     async with ctx.pool.connection() as conn:
-        eid = (await request_execution(conn, original["action_ref"], original["parameters"]))[0]
-    return await get_execution(ctx, eid)
+        new_id = (await request_execution(conn, original["action_ref"], original["parameters"]))[0]
+    return await get_execution(ctx, new_id)
