@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from unit.workflows.conductor_kit import RetrySpec, Sim, envelope, task, to, wf
 
 from conveyor.workflows.childresult import child_value
 from conveyor.workflows.state import ChildEnded
+from unit.workflows.conductor_kit import RetrySpec, Sim, envelope, task, to, wf
 
 
 def test_result_is_the_actions_return_value_not_the_runners_envelope() -> None:
@@ -116,13 +116,14 @@ def test_a_duplicate_in_the_same_batch_is_ignored() -> None:
     assert sim.names(step) == ["b"]
 
 
-def test_the_end_of_a_replaced_child_is_ignored() -> None:
-    sim = Sim(wf(task("a", retry=RetrySpec(count=1))))
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_the_end_of_a_replaced_child_is_ignored(status: str) -> None:
+    sim = Sim(wf(task("a", retry=RetrySpec(count=3))))
     sim.start()
     old = sim.execution(("a", 0, None))
     sim.finish("a", None, "failed")
     assert sim.execution(("a", 0, None)) != old
-    late = sim.advance(ChildEnded(old, "a", 0, None, "completed", envelope("late")))
+    late = sim.advance(ChildEnded(old, "a", 0, None, status, envelope("late")))
     assert (late.tasks, late.children, late.status) == ((), (), None)
     assert sim.run("a").status == "running"
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-from unit.workflows.conductor_kit import RetrySpec, Sim, WithItems, envelope, task, to, wf
-
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.state import ChildEnded, Dispatch, TaskRun, WorkflowState
+from unit.workflows.conductor_kit import RetrySpec, Sim, WithItems, envelope, task, to, wf
 
 
 def test_items_dispatch_in_index_order_up_to_concurrency_with_the_item_in_scope() -> None:
@@ -32,7 +31,9 @@ def test_results_are_in_item_order_whatever_order_items_end() -> None:
 
 
 def test_named_items_bind_by_name() -> None:
-    spec = wf(task("t", with_items=WithItems("<% ctx(pairs) %>", var="x, y"), input={"v": "<% item(x) %>-<% item(y) %>"}))
+    spec = wf(
+        task("t", with_items=WithItems("<% ctx(pairs) %>", var="x, y"), input={"v": "<% item(x) %>-<% item(y) %>"})
+    )
     step = Sim(spec).start(pairs=[[1, "p"], [2, "q"]])
     assert [c.parameters for c in step.children] == [{"v": "1-p"}, {"v": "2-q"}]
 
@@ -69,7 +70,9 @@ def test_a_bad_concurrency_fails_the_workflow() -> None:
 
 
 def test_a_failed_item_stops_new_items_lets_running_ones_finish_then_fails_the_task() -> None:
-    sim = Sim(wf(task("t", to("h", when="<% failed() %>"), with_items=WithItems([0, 1, 2, 3, 4], concurrency=2)), task("h")))
+    sim = Sim(
+        wf(task("t", to("h", when="<% failed() %>"), with_items=WithItems([0, 1, 2, 3, 4], concurrency=2)), task("h"))
+    )
     sim.start()
     step = sim.finish("t", envelope(succeeded=False, error="bad item"), "failed", index=0)
     assert step.children == ()  # item 2 is not started

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from unit.workflows.conductor_kit import InputSpec, Sim, task, to, wf
 
 import conveyor.workflows._working as working
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.state import Started, WorkflowState
+from unit.workflows.conductor_kit import InputSpec, Sim, task, to, wf
 
 
 def test_started_builds_context_from_parameters_defaults_and_vars_in_order() -> None:
@@ -88,7 +88,12 @@ def test_an_input_expression_that_fails_fails_the_workflow_naming_task_and_expre
     step = sim.start()
     assert step.status == "failed"
     (error,) = step.errors
-    assert (error["task"], error["iteration"], error["expression"], error["where"]) == ("a", 0, "<% ctx(nope) %>", "input")
+    assert (error["task"], error["iteration"], error["expression"], error["where"]) == (
+        "a",
+        0,
+        "<% ctx(nope) %>",
+        "input",
+    )
     assert "nope" in error["message"]
     assert sim.run("a").status == "failed"
 

@@ -150,7 +150,9 @@ def test_the_retry_command_runs_the_task_again_as_a_new_iteration() -> None:
 
 
 def test_output_is_evaluated_in_order_over_the_final_context() -> None:
-    sim = Sim(wf(task("a", to(publish={"v": "<% result() %>"})), output=(("x", "<% ctx(v) %>"), ("y", "<% ctx(x) * 2 %>"))))
+    sim = Sim(
+        wf(task("a", to(publish={"v": "<% result() %>"})), output=(("x", "<% ctx(v) %>"), ("y", "<% ctx(x) * 2 %>")))
+    )
     sim.start()
     step = sim.finish("a", envelope(21))
     assert (step.status, step.output) == ("succeeded", {"x": 21, "y": 42})
