@@ -74,8 +74,10 @@ class Flow(Working):
         if target not in self.spec.tasks:
             self.fail(source, f"'do' names an unknown task {target!r}")
             return
-        if not self.may_start(force) and not self.paused:
-            return  # the workflow is ending: nothing new, not even a waiting join
+        if self.canceling:
+            return  # a cancelled workflow goes nowhere
+        # Paused or failing: the arrival is recorded and what it would start waits (for
+        # the resume, or for a rerun of the failed workflow: Orquesta's continuation).
         name = source[0]
         if self.spec.tasks[target].join is None:
             self.enter(target, (name,), force)

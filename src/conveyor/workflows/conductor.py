@@ -238,12 +238,24 @@ class _Conductor(Flow):
             return
         self.status = "running"
         self.errors = []
+        listed = set(event.tasks)
         again = [self.tasks[k] for k in event.tasks if k in self.tasks and self.tasks[k].status == "failed"]
         if not again:
-            listed = ", ".join(f"{name}#{iteration}" for name, iteration in event.tasks) or "none"
-            self.fail(None, f"nothing to rerun: no failed task instance among {listed}", type="rerun")
+            names = ", ".join(f"{name}#{iteration}" for name, iteration in event.tasks) or "none"
+            self.fail(None, f"nothing to rerun: no failed task instance among {names}", type="rerun")
+            return
+        for key, run in sorted(self.tasks.items()):
+            if run.status == "failed" and key not in listed and not self.ready(run):
+                self.update_task(key, status="waiting", error=None)  # a join that could not fire waits again
         for run in again:
+            before = self.latest.get(run.name)
             self.enter(run.name, run.arrivals)
+            if self.latest.get(run.name) != before:  # listed: it starts, even a join short of arrivals
+                self.to_start.append(((run.name, self.latest[run.name]), False))
+        # What was reached but not started because the workflow was failing starts now.
+        for key, run in sorted(self.tasks.items()):
+            if run.status == "waiting" and self.ready(run):
+                self.to_start.append((key, False))
 
     # -- the end ----------------------------------------------------------------------
 
@@ -253,12 +265,16 @@ class _Conductor(Flow):
             return
         if any(run.status == "running" for run in self.tasks.values()):
             return
-        ending = self.canceling or bool(self.errors)
+        failing = bool(self.errors)
         for key, run in sorted(self.tasks.items()):
             if run.status != "waiting":
                 continue
-            if ending or self.ready(run):
+            if self.canceling:
                 self.update_task(key, status="cancelled")
+            elif failing or self.ready(run):
+                # Reached but not started because the workflow is failing (ready is only
+                # possible then): it stays waiting, and a rerun starts it.
+                continue
             else:
                 # Orquesta's unreachable join: the workflow is over, the join cannot fire.
                 arrived = sorted(set(run.arrivals) & self.inbound(run.name))

@@ -182,3 +182,40 @@ def test_rerun_of_a_running_workflow_is_ignored() -> None:
     sim.start()
     step = sim.advance(Rerun((("a", 0),)))
     assert (step.children, step.status) == ((), None)
+
+
+def test_rerun_continues_what_the_failure_stopped() -> None:
+    sim = Sim(wf(task("a", to("c")), task("b"), task("c")))
+    sim.start()
+    sim.finish("b", None, "failed")
+    step = sim.finish("a")
+    assert step.status == "failed"
+    assert sim.run("c").status == "waiting"
+    step = sim.advance(Rerun((("b", 0),)))
+    assert sorted((c.task, c.iteration) for c in step.children) == [("b", 1), ("c", 0)]
+    sim.finish("b", iteration=1)
+    assert sim.finish("c").status == "succeeded"
+
+
+def test_rerun_lets_a_join_that_could_not_fire_wait_again() -> None:
+    sim = Sim(wf(task("a", to("j")), task("b", to("j", when="<% succeeded() %>")), task("j", join="all")))
+    sim.start()
+    sim.finish("a")
+    step = sim.finish("b", None, "failed")
+    assert step.status == "failed"
+    step = sim.advance(Rerun((("b", 0),)))
+    assert [(c.task, c.iteration) for c in step.children] == [("b", 1)]
+    assert sim.run("j").status == "waiting"
+    step = sim.finish("b", iteration=1)
+    assert [(c.task, c.iteration) for c in step.children] == [("j", 0)]
+    assert sim.finish("j").status == "succeeded"
+
+
+def test_rerun_of_a_join_that_could_not_fire_starts_it() -> None:
+    sim = Sim(wf(task("a", to("j")), task("b", to("j", when="<% failed() %>")), task("j", join="all")))
+    sim.start()
+    sim.finish("a")
+    assert sim.finish("b").status == "failed"  # the join can never be satisfied
+    step = sim.advance(Rerun((("j", 0),)))
+    assert [(c.task, c.iteration) for c in step.children] == [("j", 1)]
+    assert sim.finish("j", iteration=1).status == "succeeded"
