@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.workflows._flow import Flow, retry_delay
 from conveyor.workflows._working import TERMINAL, Stop
 from conveyor.workflows.childresult import child_value
-from conveyor.workflows.expressions import Scope
+from conveyor.workflows.expressions import Scope, item_vars
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     CancelRequested,
@@ -133,7 +133,8 @@ class _Conductor(Flow):
             return False
         item: dict[str, Any] = {}
         if d.index is not None and run.items is not None:
-            item = {"item": run.items[d.index], "index": d.index}
+            var = spec.with_items.var if spec.with_items else None
+            item = {"item": run.items[d.index], "index": d.index, "item_vars": item_vars(var)}
         try:
             scope = self.scope(result=value, status="failed", **item)
             count = self.evaluate(policy.count, scope, task_key, "retry.count")
@@ -167,8 +168,8 @@ class _Conductor(Flow):
             assert d is not None
             if d.execution is None:
                 self.put_dispatch(replace(d, status="cancelled"))  # deferred or not created yet
-            elif event.policy == "cancel_running" and d.execution not in self.cancel:
-                self.cancel.append(d.execution)
+            elif event.policy == "cancel_running":
+                self.cancel[d.execution] = None
         for task_key, run in list(self.tasks.items()):
             if run.status == "waiting":
                 self.update_task(task_key, status="cancelled")
@@ -210,8 +211,8 @@ class _Conductor(Flow):
         for key in keys:
             d = self.dispatch(key)
             assert d is not None
-            if d.execution is not None and d.execution not in self.cancel:
-                self.cancel.append(d.execution)
+            if d.execution is not None:
+                self.cancel[d.execution] = None
             self.put_dispatch(replace(d, status="cancelled"))
 
     def workflow_timed_out(self) -> None:

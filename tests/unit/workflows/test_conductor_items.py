@@ -137,3 +137,17 @@ def test_one_child_ending_among_ten_thousand_running_is_one_dispatch_change() ->
     assert [d.index for d in step.dispatches] == [0]
     assert [c.index for c in step.children] == [n]
     assert step.tasks == ()
+
+
+def test_retry_when_sees_the_named_item() -> None:
+    spec = wf(
+        task(
+            "t",
+            with_items=WithItems([{"h": "a"}, {"h": "b"}], var="x"),
+            retry=RetrySpec(count=1, when="<% item(x).h = 'b' %>"),
+        )
+    )
+    sim = Sim(spec)
+    sim.start()
+    assert sim.finish("t", None, "failed", index=0).children == ()
+    assert [c.index for c in sim.finish("t", None, "failed", index=1).children] == [1]
