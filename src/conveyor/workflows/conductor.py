@@ -120,23 +120,27 @@ class _Conductor(Flow):
             status = "succeeded"
         elif event.status == "cancelled" and self.canceling:
             status = "cancelled"  # cancelled by the workflow's cancel: no retry, no transition
-        if status == "failed" and self.retry(d, task_key, value):
+        if status != "cancelled" and self.retry(d, task_key, value, status):
             return
         self.put_dispatch(replace(d, status=status, result=value))
         self.settle(task_key)
 
-    def retry(self, d: Dispatch, task_key: TaskKey, value: Any) -> bool:
-        """Request the chain's next child if the task's retry allows it."""
+    def retry(self, d: Dispatch, task_key: TaskKey, value: Any, status: DispatchStatus) -> bool:
+        """Request the chain's next child if the task's retry allows it: without ``when``
+        after a failure, with ``when`` whenever it holds -- after a success too, as in
+        Orquesta (polling: ``when: <% succeeded() and result().state = 'pending' %>``)."""
         spec = self.spec.tasks[d.task]
         policy, run = spec.retry, self.tasks[task_key]
         if policy is None or self.stopping or spec.action is None:
+            return False
+        if policy.when is None and status != "failed":
             return False
         item: dict[str, Any] = {}
         if d.index is not None and run.items is not None:
             var = spec.with_items.var if spec.with_items else None
             item = {"item": run.items[d.index], "index": d.index, "item_vars": item_vars(var)}
         try:
-            scope = self.scope(result=value, status="failed", **item)
+            scope = self.scope(result=value, status=status, **item)
             count = self.evaluate(policy.count, scope, task_key, "retry.count")
             if isinstance(count, str) and count.strip().isdigit():
                 count = int(count)

@@ -92,7 +92,18 @@ def test_retry_count_may_be_an_expression() -> None:
     assert sim.finish("a", None, "failed").status == "failed"
 
 
-def test_a_succeeded_child_is_not_retried() -> None:
+def test_retry_when_may_retry_a_success_as_orquesta_does_for_polling() -> None:
+    retry = RetrySpec(count=5, when="<% succeeded() and result().state = 'pending' %>")
+    sim = Sim(wf(task("poll", retry=retry)))
+    sim.start()
+    (child,) = sim.finish("poll", envelope({"state": "pending"})).children
+    assert child.retry == 1
+    step = sim.finish("poll", envelope({"state": "done"}))
+    assert step.status == "succeeded"
+    assert sim.run("poll").result == {"state": "done"}
+
+
+def test_a_succeeded_child_is_not_retried_without_when() -> None:
     sim = Sim(wf(task("a", retry=RetrySpec(count=3))))
     sim.start()
     assert sim.finish("a").status == "succeeded"
