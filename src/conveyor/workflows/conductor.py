@@ -233,7 +233,7 @@ class _Conductor(Flow):
             return
         self.cut(sorted(self.tally(key).running, key=_order))
         error = f"task {run.name!r} timed out"
-        result: Any = error if run.items_total is None else self.item_results(run, run.items_total)[0]
+        result: Any = {"error": error} if run.items_total is None else self.item_results(run, run.items_total)[0]
         self.end_task(key, "failed", result, error)  # no retry: the task's time is up
 
     # -- rerun ------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_a_failed_item_stops_new_items_lets_running_ones_finish_then_fails_the_t
     step = sim.finish("t", envelope("one"), index=1)
     run = sim.run("t")
     assert run.status == "failed"
-    assert run.result == ["bad item", "one", None, None, None]
+    assert run.result == [{"error": "bad item", "exit_code": 1, "stdout": "", "stderr": ""}, "one", None, None, None]
     assert run.error == "1 of 5 items failed; item 0: bad item"
     assert sim.names(step) == ["h"]
     assert {d.index for d in sim.state.dispatches.values() if d.task == "t"} == {0, 1}
