@@ -35,6 +35,8 @@ WITH picked AS (
       AND (e.not_before IS NULL OR e.not_before <= now())
       AND e.created <= now() - make_interval(secs => %(grace)s)
       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
+      -- Only what a worker would run: inquiries need none (claim_inquiries claims them).
+      AND a.runner_type IN ('python', 'subprocess')
       AND NOT (e.action_ref = ANY(%(refs)s::text[])
                OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
