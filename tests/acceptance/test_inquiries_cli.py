@@ -36,7 +36,8 @@ def test_an_inquiry_answered_from_the_cli(procs: Procs) -> None:
     assert (inquiry["prompt"], inquiry["requester"], inquiry["status"]) == ("Deploy to production?", "alice", "pending")
     iid = str(inquiry["id"])
     shown = procs.run("inquiries", "get", iid)
-    assert shown.returncode == 0 and "Deploy to production?" in shown.stdout, describe(shown)
+    assert shown.returncode == 0, describe(shown)
+    assert "Deploy to production?" in shown.stdout, describe(shown)
     assert asking.returncode is None  # pending is not terminal: `run --wait` still waits
 
     invalid = procs.run("inquiries", "respond", iid, "--data", '{"approved": "sure"}')
@@ -44,10 +45,12 @@ def test_an_inquiry_answered_from_the_cli(procs: Procs) -> None:
     assert invalid.stderr.strip() == (f"error: invalid answer for inquiry {iid}: data.approved: 'sure' is not of type "
                                       "'boolean'"), describe(invalid)  # fmt: skip
     not_json = procs.run("inquiries", "respond", iid, "--data", "{approved")
-    assert not_json.returncode == 1 and not_json.stderr.startswith("error: --data is not JSON"), describe(not_json)
+    assert not_json.returncode == 1, describe(not_json)
+    assert not_json.stderr.startswith("error: --data is not JSON"), describe(not_json)
     assert "Traceback" not in invalid.stderr + not_json.stderr
     mine = procs.run("inquiries", "respond", iid, "--data", '{"approved": true}')  # alice requested it
-    assert mine.returncode == 1 and "'alice' requested this execution" in mine.stderr, describe(mine)
+    assert mine.returncode == 1, describe(mine)
+    assert "'alice' requested this execution" in mine.stderr, describe(mine)
 
     answered = procs.run("inquiries", "respond", iid, "--data", '{"approved": true}', "--as", "bob")
     assert answered.returncode == 0, describe(answered)
@@ -57,7 +60,8 @@ def test_an_inquiry_answered_from_the_cli(procs: Procs) -> None:
     assert result["status"] == "completed", result
     assert (result["result"]["response"], result["result"]["responders"]) == ({"approved": True}, ["bob"])
     again = procs.run("inquiries", "respond", iid, "--data", '{"approved": false}', "--as", "carol")
-    assert again.returncode == 1 and "is responded: it takes no more answers" in again.stderr, describe(again)
+    assert again.returncode == 1, describe(again)
+    assert "is responded: it takes no more answers" in again.stderr, describe(again)
     audit = procs.json("inquiries", "get", iid)["responses"]
     assert [(r["responder"], r["role"], r["data"]) for r in audit] == [("bob", "admin", {"approved": True})]
 
@@ -68,4 +72,4 @@ def test_ttl_with_a_default_answer(procs: Procs) -> None:
                        "--json", "--timeout", "30")  # fmt: skip
     assert result.returncode == 0, describe(result)
     execution = json.loads(result.stdout)
-    assert execution["result"]["response"] == "yes" and execution["result"]["responders"] == ["ttl"], execution
+    assert (execution["result"]["response"], execution["result"]["responders"]) == ("yes", ["ttl"]), execution

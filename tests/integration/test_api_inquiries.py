@@ -19,8 +19,8 @@ APPROVAL = {"type": "object", "properties": {"approved": {"type": "boolean"}, "r
 
 async def _ask(api: Api, transport: PostgresTransport, role: str = "operator", **parameters: Any) -> tuple[int, int]:
     """core.ask requested through the API as ``role``'s token and asked by a round: (execution, inquiry)."""
-    response = await api.post("/api/v1/executions", role=role,
-                              json={"action_ref": "core.ask", "parameters": {"prompt": "ok?", **parameters}})  # fmt: skip
+    body = {"action_ref": "core.ask", "parameters": {"prompt": "ok?", **parameters}}
+    response = await api.post("/api/v1/executions", role=role, json=body)
     assert response.status_code == 201, response.text
     eid = response.json()["id"]
     assert response.json()["requested_by"] == f"test {role}"
@@ -54,7 +54,9 @@ async def test_list_get_and_answer(api: Api, transport: PostgresTransport) -> No
     assert (execution["result"]["response"], execution["result"]["responders"]) == (
         {"approved": True}, ["test operator"])  # fmt: skip
     audit = (await api.get(f"/api/v1/inquiries/{iid}")).json()["responses"]
-    assert [(r["responder"], r["role"], r["data"]) for r in audit] == [("test operator", "operator", {"approved": True})]
+    assert [(r["responder"], r["role"], r["data"]) for r in audit] == [
+        ("test operator", "operator", {"approved": True})
+    ]
     assert (await api.get("/api/v1/inquiries", params={"status": "pending"})).json()["items"] == []
     assert [i["id"] for i in (await api.get("/api/v1/inquiries")).json()["items"]] == [iid]
 
@@ -63,7 +65,8 @@ async def test_an_invalid_answer_is_422_naming_every_path(api: Api, transport: P
     _, iid = await _ask(api, transport, schema=APPROVAL)
     response = await api.post(f"/api/v1/inquiries/{iid}/respond", json={"data": {"approved": "yes", "reason": 7}})
     message = error_of(response, 422)
-    assert "data.approved: 'yes' is not of type 'boolean'" in message and "data.reason: 7 is not of type" in message
+    assert "data.approved: 'yes' is not of type 'boolean'" in message
+    assert "data.reason: 7 is not of type" in message
     assert response.json()["problems"] == [
         {"field": "data.approved", "message": "'yes' is not of type 'boolean'"},
         {"field": "data.reason", "message": "7 is not of type 'string'"},
@@ -76,12 +79,13 @@ async def test_an_invalid_answer_is_422_naming_every_path(api: Api, transport: P
 
 
 async def test_who_may_answer(api: Api, transport: PostgresTransport) -> None:
-    eid, iid = await _ask(api, transport, assignees=["alice", "admin"])
+    _eid, iid = await _ask(api, transport, assignees=["alice", "admin"])
     refused = await api.post(f"/api/v1/inquiries/{iid}/respond", json={"data": 1}, role="operator")
     assert error_of(refused, 403) == f"'test operator' is not an assignee of inquiry {iid}"
     alice = await _token(api, "alice", Role.viewer)  # named: a viewer may answer
     response = await api.client.post(f"/api/v1/inquiries/{iid}/respond", json={"data": 1}, headers=alice)
-    assert response.status_code == 200 and response.json()["outcome"] == "answered", response.text
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"] == "answered", response.text
     late = await api.post(f"/api/v1/inquiries/{iid}/respond", json={"data": 2}, role="admin")
     assert error_of(late, 409) == f"inquiry {iid} is responded: it takes no more answers"
     unauthenticated = await api.client.post(f"/api/v1/inquiries/{iid}/respond", json={"data": 2})
@@ -98,7 +102,8 @@ async def test_the_requester_is_refused_when_forbidden(api: Api, transport: Post
 async def test_quorum_and_answering_twice(api: Api, transport: PostgresTransport) -> None:
     eid, iid = await _ask(api, transport, quorum=2)
     first = await api.post(f"/api/v1/inquiries/{iid}/respond", json={"data": "yes"})
-    assert first.json()["outcome"] == "recorded" and first.json()["status"] == "pending"
+    assert first.json()["outcome"] == "recorded"
+    assert first.json()["status"] == "pending"
     again = await api.post(f"/api/v1/inquiries/{iid}/respond", json={"data": "yes"})
     assert error_of(again, 409) == f"'test operator' already answered inquiry {iid}: it needs another responder"
     listed = (await api.get("/api/v1/inquiries")).json()["items"]
@@ -109,7 +114,7 @@ async def test_quorum_and_answering_twice(api: Api, transport: PostgresTransport
 
 
 async def test_racing_answers_one_wins_the_others_409(api: Api, transport: PostgresTransport) -> None:
-    eid, iid = await _ask(api, transport)
+    _eid, iid = await _ask(api, transport)
     headers = [await _token(api, f"op{n}", Role.operator) for n in range(5)]
     responses = await asyncio.gather(*(
         api.client.post(f"/api/v1/inquiries/{iid}/respond", json={"data": n}, headers=h) for n, h in enumerate(headers)

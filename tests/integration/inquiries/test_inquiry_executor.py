@@ -23,7 +23,9 @@ APPROVAL = {"type": "object", "properties": {"approved": {"type": "boolean"}, "n
             "required": ["approved"], "additionalProperties": False}  # fmt: skip
 
 
-async def test_a_round_asks_inquiries_with_no_worker_at_all(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
+async def test_a_round_asks_inquiries_with_no_worker_at_all(
+    conn: Conn, pool: Pool, transport: PostgresTransport
+) -> None:
     ids = request(conn, 2, "core.ask", {"prompt": "ok?"})
     result = await scheduler(pool, transport, no_worker_grace=0).run_round()
     assert result == RoundResult(claimed=2, dispatched=0, failed=0, handed_back=0, asked=2)
@@ -36,7 +38,9 @@ async def test_a_round_asks_inquiries_with_no_worker_at_all(conn: Conn, pool: Po
     assert await scheduler(pool, transport).run_round() == RoundResult(0, 0, 0, 0)
 
 
-async def test_inquiries_are_asked_while_every_worker_is_full(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:
+async def test_inquiries_are_asked_while_every_worker_is_full(
+    conn: Conn, pool: Pool, transport: PostgresTransport
+) -> None:
     add_worker(conn, "w1", capacity=1)
     noops = request(conn, 2, "core.noop")
     ask = request(conn, 1, "core.ask", {"prompt": "ok?"})[0]
@@ -66,7 +70,8 @@ async def test_an_inquiry_nobody_could_answer_fails_at_once(
     result = await scheduler(pool, transport).run_round()
     assert (result.failed, result.asked) == (1, 0)
     row = rows(conn, [eid])[eid]
-    assert row["status"] == "failed" and error in row["result"]["error"], row["result"]
+    assert row["status"] == "failed", row["result"]
+    assert error in row["result"]["error"], row["result"]
     assert conn.execute("SELECT count(*)::int AS n FROM inquiry").fetchone() == {"n": 0}
 
 
@@ -100,7 +105,8 @@ async def test_the_sdk_answers_and_a_wait_returns_the_answer(
         answer = client.respond(inquiry["id"], {"approved": True, "note": "go"}, responder="bob", role="operator")
         assert (answer["outcome"], answer["status"], answer["responders"]) == ("answered", "responded", ["bob"])
         waiter.join(timeout=30)
-        assert waited and waited[0].status == "completed"
+        assert waited
+        assert waited[0].status == "completed"
         assert waited[0].result["response"] == {"approved": True, "note": "go"}
         with pytest.raises(ConflictError, match="is responded: it takes no more answers"):
             client.respond(inquiry["id"], {"approved": False}, responder="carol")

@@ -31,12 +31,13 @@ def _race(db_url: str, actions: list[Any]) -> list[Any]:
 def test_racing_answers_complete_the_execution_once(db_url: str, conn: Conn) -> None:
     for _ in range(3):  # a few rounds: the interleavings differ
         eid, iid = ask(conn, {"prompt": "who is first?"})
-        answers = _race(db_url, [lambda c, n=n: respond(c, iid, f"op{n}", {"n": n}) for n in range(RACERS)])
+        answers = _race(db_url, [lambda c, n=n, i=iid: respond(c, i, f"op{n}", {"n": n}) for n in range(RACERS)])
         outcomes = sorted(a["outcome"] for a in answers)
         assert outcomes == ["answered"] + ["not_pending"] * (RACERS - 1), answers
         winner = next(a for a in answers if a["outcome"] == "answered")
         done = execution(conn, eid)
-        assert done["status"] == "completed" and done["result"]["responders"] == winner["responders"]
+        assert done["status"] == "completed"
+        assert done["result"]["responders"] == winner["responders"]
         assert len(audit(conn, iid)) == 1  # the losers' answers were not recorded
 
 
@@ -48,22 +49,24 @@ def test_racing_answers_with_a_quorum(db_url: str, conn: Conn) -> None:
     outcomes = sorted(a["outcome"] for a in answers)
     assert outcomes == ["answered"] + ["not_pending"] * (RACERS - 3) + ["recorded"] * 2, answers
     who = [r[0] for r in audit(conn, iid)]
-    assert len(who) == 3 and execution(conn, eid)["result"]["responders"] == who
+    assert len(who) == 3
+    assert execution(conn, eid)["result"]["responders"] == who
 
 
 def test_the_same_responder_racing_itself_counts_once(db_url: str, conn: Conn) -> None:
     eid, iid = ask(conn, {"prompt": "two approvals", "quorum": 2})
     answers = _race(db_url, [lambda c: respond(c, iid, "alice", {"ok": True}) for _ in range(4)])
     assert sorted(a["outcome"] for a in answers) == ["already_responded"] * 3 + ["recorded"]
-    assert execution(conn, eid)["status"] == "pending" and [r[0] for r in audit(conn, iid)] == ["alice"]
+    assert execution(conn, eid)["status"] == "pending"
+    assert [r[0] for r in audit(conn, iid)] == ["alice"]
 
 
 def test_an_answer_racing_a_cancel_ends_it_one_way(db_url: str, conn: Conn) -> None:
     for _ in range(3):
         eid, iid = ask(conn, {"prompt": "q"})
         answer, cancel = _race(db_url, [
-            lambda c: respond(c, iid, "alice"),
-            lambda c: c.execute("SELECT * FROM cancel_execution(%s, 'ops')", (eid,)).fetchone(),
+            lambda c, i=iid: respond(c, i, "alice"),
+            lambda c, e=eid: c.execute("SELECT * FROM cancel_execution(%s, 'ops')", (e,)).fetchone(),
         ])  # fmt: skip
         status, inquiry_status = execution(conn, eid)["status"], inquiry(conn, iid)["status"]
         if answer["outcome"] == "answered":
@@ -81,8 +84,10 @@ def test_ttl_fail_times_the_execution_out(conn: Conn) -> None:
         {"inquiry": iid, "execution": eid, "outcome": "timeout"}
     ]
     done = execution(conn, eid)
-    assert done["status"] == "timeout" and inquiry(conn, iid)["status"] == "timeout"
-    assert done["result"]["succeeded"] is False and "ttl of 30" in done["result"]["error"], done["result"]
+    assert done["status"] == "timeout"
+    assert inquiry(conn, iid)["status"] == "timeout"
+    assert done["result"]["succeeded"] is False, done["result"]
+    assert "ttl of 30" in done["result"]["error"], done["result"]
     assert respond(conn, iid, "alice")["outcome"] == "not_pending"
     assert conn.execute("SELECT * FROM expire_inquiries()").fetchall() == []  # once
 

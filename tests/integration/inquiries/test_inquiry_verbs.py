@@ -57,12 +57,14 @@ def test_ask_creates_one_inquiry_and_announces_it_once(db_url: str, conn: Conn) 
     payloads, messages = _announcements(db_url, conn, twice)
     iid = answers[0][0]["inquiry"]
     assert answers == [[{"execution": eid, "inquiry": iid, "created": True}], []]
-    assert payloads == [str(iid)] and messages == 1
+    assert payloads == [str(iid)]
+    assert messages == 1
     row = inquiry(conn, iid)
     assert (row["status"], row["prompt"], row["assignees"], row["quorum"], row["forbid_requester"], row["requester"],
             row["on_timeout"]) == ("pending", "deploy?", ["alice", "operator"], 2, True, "bob", "fail")  # fmt: skip
     ttl = conn.execute("SELECT deadline - created AS ttl FROM inquiry WHERE id = %s", (iid,)).fetchone()
-    assert ttl is not None and ttl["ttl"].total_seconds() == 60
+    assert ttl is not None
+    assert ttl["ttl"].total_seconds() == 60
     assert execution(conn, eid)["status"] == "pending"
 
 
@@ -77,7 +79,8 @@ def test_an_existing_inquiry_is_kept_and_not_announced_again(db_url: str, conn: 
     answers: list[list[dict[str, Any]]] = []
     payloads, messages = _announcements(db_url, conn, lambda: answers.append(ask_once(conn, eid)))
     assert answers == [[{"execution": eid, "inquiry": before["id"], "created": False}]]
-    assert payloads == [] and messages == 0
+    assert payloads == []
+    assert messages == 0
     assert execution(conn, eid)["status"] == "pending"
 
 
@@ -95,11 +98,13 @@ def test_one_answer_completes_the_execution(conn: Conn) -> None:
         "outcome": "answered", "inquiry": iid, "execution": eid, "status": "responded", "responders": ["alice"]
     }  # fmt: skip
     done = execution(conn, eid)
-    assert done["status"] == "completed" and done["ended"] is not None
+    assert done["status"] == "completed"
+    assert done["ended"] is not None
     assert done["result"] == {"succeeded": True, "response": {"ok": True}, "responders": ["alice"],
                               "responses": [{"responder": "alice", "data": {"ok": True}}]}  # fmt: skip
     row = inquiry(conn, iid)
-    assert (row["status"], row["response"]) == ("responded", {"ok": True}) and row["responded"] is not None
+    assert (row["status"], row["response"]) == ("responded", {"ok": True})
+    assert row["responded"] is not None
     assert respond(conn, iid, "bob")["outcome"] == "not_pending"
     assert audit(conn, iid) == [("alice", "operator", {"ok": True})]
 
@@ -155,11 +160,13 @@ def test_quorum_needs_distinct_responders_and_audits_each(conn: Conn) -> None:
     assert respond(conn, iid, "alice", {"v": 1})["outcome"] == "recorded"
     again = respond(conn, iid, "alice", {"v": 9})
     assert (again["outcome"], again["responders"]) == ("already_responded", ["alice"])
-    assert execution(conn, eid)["status"] == "pending" and inquiry(conn, iid)["status"] == "pending"
+    assert execution(conn, eid)["status"] == "pending"
+    assert inquiry(conn, iid)["status"] == "pending"
     answered = respond(conn, iid, "bob", {"v": 2}, role="admin")
     assert (answered["outcome"], answered["responders"]) == ("answered", ["alice", "bob"])
     result = execution(conn, eid)["result"]
-    assert result["response"] == {"v": 2} and result["responders"] == ["alice", "bob"]
+    assert result["response"] == {"v": 2}
+    assert result["responders"] == ["alice", "bob"]
     assert audit(conn, iid) == [("alice", "operator", {"v": 1}), ("bob", "admin", {"v": 2})]
     created = conn.execute("SELECT bool_and(created IS NOT NULL) AS ok FROM inquiry_response").fetchone()
     assert created == {"ok": True}
@@ -168,14 +175,18 @@ def test_quorum_needs_distinct_responders_and_audits_each(conn: Conn) -> None:
 def test_cancel_cancels_a_pending_inquiry(conn: Conn) -> None:
     eid, iid = ask(conn, {"prompt": "q"})
     row = conn.execute("SELECT * FROM cancel_execution(%s, 'ops')", (eid,)).fetchone()
-    assert row is not None and (row["was"], row["now"]) == ("pending", "cancelled")
-    assert execution(conn, eid)["status"] == "cancelled" and inquiry(conn, iid)["status"] == "cancelled"
+    assert row is not None
+    assert (row["was"], row["now"]) == ("pending", "cancelled")
+    assert execution(conn, eid)["status"] == "cancelled"
+    assert inquiry(conn, iid)["status"] == "cancelled"
     assert respond(conn, iid, "alice")["outcome"] == "not_pending"
     # A finished one is left alone (nothing to cancel), its inquiry too.
     done, answered = ask(conn, {"prompt": "q"})
     respond(conn, answered, "alice")
     row = conn.execute("SELECT * FROM cancel_execution(%s, 'ops')", (done,)).fetchone()
-    assert row is not None and row["now"] is None and inquiry(conn, answered)["status"] == "responded"
+    assert row is not None
+    assert row["now"] is None
+    assert inquiry(conn, answered)["status"] == "responded"
 
 
 def test_an_answer_after_the_execution_ended_otherwise_is_refused(conn: Conn) -> None:
@@ -187,4 +198,5 @@ def test_an_answer_after_the_execution_ended_otherwise_is_refused(conn: Conn) ->
     assert conn.execute("SELECT * FROM expire_inquiries()").fetchall() == [
         {"inquiry": iid, "execution": eid, "outcome": "closed"}
     ]
-    assert inquiry(conn, iid)["status"] == "cancelled" and execution(conn, eid)["status"] == "failed"
+    assert inquiry(conn, iid)["status"] == "cancelled"
+    assert execution(conn, eid)["status"] == "failed"
