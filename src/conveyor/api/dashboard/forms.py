@@ -50,7 +50,7 @@ def _field(name: str | None, schema: Any, required: bool) -> Field | None:
         chosen = json.dumps(default) if "default" in schema else ""
         return Field(name, "choice", label, required, description, options, chosen)
     kind = schema.get("type")
-    if kind not in _SIMPLE:
+    if not isinstance(kind, str) or kind not in _SIMPLE:
         return None
     if kind == "boolean":
         chosen = json.dumps(default) if isinstance(default, bool) else ""
@@ -73,4 +73,5 @@ def answer_fields(schema: Any) -> list[Field] | None:
     fields = [_field(str(name), sub, name in required) for name, sub in properties.items()]
     if any(f is None for f in fields):
         return None
-    return [f for f in fields if f is not None]
+    # Required ones first (jsonb keeps no key order of its own to follow).
+    return sorted((f for f in fields if f is not None), key=lambda f: not f.required)
