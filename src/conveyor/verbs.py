@@ -4,7 +4,7 @@ Each verb is one SQL function in the database (``request_execution``,
 ``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
 ``set_admission_policy``, ``delete_admission_policy``, ``replay_message``,
 ``register_workflow``, ``delete_workflow``, ``pause_execution``, ``resume_execution``,
-``rerun_execution``, ``cancel_workflow``); its wake-ups
+``rerun_execution``, ``cancel_workflow``, ``respond_inquiry``); its wake-ups
 come from triggers, not from the caller. What is here is only what every caller needs
 around that one call, written once: the checks made before it (full JSON Schema, policy
 specs) and what its answer means -- an error a user can act on, or the result. A caller
@@ -22,10 +22,13 @@ import jsonschema
 import psycopg
 
 from conveyor.actions.registry import AdmissionPolicy
+from conveyor.domain import inquiries as inq
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
+    ForbiddenError,
+    InvalidAnswerError,
     InvalidParametersError,
     InvalidPolicyError,
     NotFoundError,
@@ -194,3 +197,37 @@ def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]
     ranked = sorted(tasks, key=lambda t: (t["created"], t["iteration"], order.get(t["task"], len(order))))
     state = {k: v for k, v in workflow.items() if k not in ("definition", "id")}
     return {**state, "tasks": [dict(t) for t in ranked]}
+
+
+# -- inquiries ---------------------------------------------------------------------------
+
+
+def inquiry_not_found(inquiry_id: int) -> NotFoundError:
+    return NotFoundError(f"no inquiry with id {inquiry_id} (see `conveyor inquiries list`)")
+
+
+def check_answer(inquiry_id: int, schema: Mapping[str, Any], data: Any) -> None:
+    """The answer against the inquiry's JSON Schema, before ``respond_inquiry``:
+    InvalidAnswerError names the path of every problem."""
+    problems = inq.answer_problems(schema, data)
+    if problems:
+        raise InvalidAnswerError(inquiry_id, problems)
+
+
+def responded(inquiry_id: int, responder: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``respond_inquiry`` answered: ``answered`` or ``recorded`` (with the inquiry's
+    status and responders so far), else the refusal as the error to show."""
+    outcome = row["outcome"] if row else inq.NOT_FOUND
+    if outcome == inq.NOT_FOUND or row is None:
+        raise inquiry_not_found(inquiry_id)
+    if outcome == inq.NOT_PENDING:
+        raise ConflictError(f"inquiry {inquiry_id} is {row['status']}: it takes no more answers")
+    if outcome == inq.NOT_ASSIGNEE:
+        raise ForbiddenError(f"{responder!r} is not an assignee of inquiry {inquiry_id}")
+    if outcome == inq.REQUESTER_FORBIDDEN:
+        raise ForbiddenError(f"{responder!r} requested this execution and inquiry {inquiry_id} forbids its requester "
+                             "to answer")  # fmt: skip
+    if outcome == inq.ALREADY_RESPONDED:
+        raise ConflictError(f"{responder!r} already answered inquiry {inquiry_id}: it needs another responder")
+    return {"id": inquiry_id, "outcome": outcome, "status": row["status"], "execution": row["execution"],
+            "responders": list(row["responders"] or [])}  # fmt: skip

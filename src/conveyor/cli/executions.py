@@ -159,12 +159,14 @@ def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> Non
     )
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
+    if e.requested_by is not None:
+        console.print(f"  requested by {e.requested_by}", markup=False, highlight=False)
     if e.cancelled_by is not None:
         console.print(f"  cancellation asked by {e.cancelled_by}", markup=False, highlight=False)
     if admission is not None:
         console.print(f"  {describe_admission(admission)} (since {when(admission['since'])})", highlight=False)
     if isinstance(e.result, dict):
-        for key in ("exit_code", "duration", "error", "data"):
+        for key in ("exit_code", "duration", "error", "data", "response", "responders"):
             if e.result.get(key) is not None:
                 cut = key == "data" and e.result.get("data_truncated")
                 flag = " (truncated: the start of its JSON text)" if cut else ""

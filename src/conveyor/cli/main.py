@@ -13,6 +13,7 @@ from conveyor.cli import (
     config_cmd,
     dead_letters,
     executions,
+    inquiries,
     policies,
     run,
     services,
@@ -55,6 +56,7 @@ app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(workflows.app, name="workflows")
+app.add_typer(inquiries.app, name="inquiries")
 
 
 def _user_facing(exc: BaseException) -> str | None:

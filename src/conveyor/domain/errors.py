@@ -15,6 +15,20 @@ class NotFoundError(ConveyorError):
     """The thing asked for does not exist."""
 
 
+class ForbiddenError(ConveyorError):
+    """The caller is known but may not do this (e.g. answer an inquiry not assigned to it)."""
+
+
+class InvalidAnswerError(ConveyorError):
+    """An inquiry's answer that its schema refuses; ``problems`` are (path, message)."""
+
+    def __init__(self, inquiry_id: int, problems: list[tuple[str, str]]) -> None:
+        text = "; ".join(f"{path}: {message}" for path, message in problems)
+        super().__init__(f"invalid answer for inquiry {inquiry_id}: {text}")
+        self.inquiry_id = inquiry_id
+        self.problems = problems
+
+
 class InvalidPolicyError(ConveyorError):
     """An admission policy (or its target) that cannot be stored; the message says why."""
 

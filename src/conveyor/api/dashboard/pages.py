@@ -1,5 +1,6 @@
-"""The dashboard's pages, and their live parts: ``/_live/<page>`` renders the same partial
-template the page includes, for the page's script to patch in place (every 1.5 s)."""
+"""The dashboard's pages (overview, executions, workers, dead letters, inquiries), and
+their live parts: ``/_live/<page>`` renders the same partial template the page includes,
+for the page's script to patch in place (every 1.5 s)."""
 
 from __future__ import annotations
 
@@ -181,3 +182,45 @@ async def workflow(request: Request, ref: str) -> Response:
         return values
 
     return await _view(request, "workflow.html", load)
+
+
+# -- inquiries ------------------------------------------------------------------------------
+
+
+def _inquiries_loader(request: Request) -> Loader:
+    raw = request.query_params.get("status", "pending")
+    status = raw if raw in data.INQUIRY_STATUSES else None  # "any" (or anything else): every status
+
+    async def load(conn: Any) -> dict[str, Any]:
+        return await data.inquiries(conn, status)
+
+    return load
+
+
+@router.get("/inquiries")
+async def inquiries(request: Request) -> Response:
+    return await _view(request, "inquiries.html", _inquiries_loader(request))
+
+
+@router.get("/_live/inquiries")
+async def inquiries_live(request: Request) -> Response:
+    return await _view(request, "inquiries.html", _inquiries_loader(request), live=True)
+
+
+def _inquiry_loader(inquiry_id: str) -> Loader:
+    async def load(conn: Any) -> dict[str, Any]:
+        if not inquiry_id.isdigit() or not 1 <= int(inquiry_id) <= 2**62:
+            raise NotFound(f"no inquiry {inquiry_id}")
+        return await data.inquiry(conn, int(inquiry_id))
+
+    return load
+
+
+@router.get("/inquiries/{inquiry_id}")
+async def inquiry(request: Request, inquiry_id: str) -> Response:
+    return await _view(request, "inquiry.html", _inquiry_loader(inquiry_id))
+
+
+@router.get("/_live/inquiries/{inquiry_id}")
+async def inquiry_live(request: Request, inquiry_id: str) -> Response:
+    return await _view(request, "inquiry.html", _inquiry_loader(inquiry_id), live=True)

@@ -63,13 +63,16 @@ IdempotencyKey = Annotated[
 
 
 async def request_execution(
-    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None
+    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None, by: str | None = None
 ) -> tuple[int, bool]:
-    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated)."""
+    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated).
+    ``by``: the requester (the token's name), recorded as execution.requested_by."""
     action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
     if action is None:
         raise UnknownActionError(ref)
     verbs.validate_parameters(ref, action["parameters_schema"], parameters)
+    if by is not None:
+        await conn.execute(Q["set_requested_by"], {"by": by})
     # A savepoint: a refusal by the database's own checks (CVA01/CVA02/CVA03) leaves the
     # connection usable.
     with verbs.refusals(action_ref=ref):
@@ -94,13 +97,18 @@ async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=CREATE_RESPONSES)
 async def create(
-    body: ExecutionRequest, ctx: Ctx, _: Operator, request: Request, response: Response, key: IdempotencyKey = None
+    body: ExecutionRequest,
+    ctx: Ctx,
+    principal: Operator,
+    request: Request,
+    response: Response,
+    key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Request an execution (``requested``); it is validated against the action's parameter schema.
     With an ``Idempotency-Key``, a retry with the same key and body answers 200 with the
     execution of the first try (for at least 24 h) instead of creating another."""
     async with ctx.pool.connection() as conn:
-        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key)
+        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key, principal.name)
         # Not committed for a client that has hung up (it gave up waiting and may retry):
         # the pool connection's transaction commits only when this block ends.
         if await request.is_disconnected():
@@ -264,5 +272,5 @@ async def rerun(execution_id: int, ctx: Ctx, principal: Operator, body: RerunIn 
         return await get_execution(ctx, verbs.rerun_started(eid, row))
     original = await get_execution(ctx, eid)
     async with ctx.pool.connection() as conn:
-        new_id = (await request_execution(conn, original["action_ref"], original["parameters"]))[0]
+        new_id = (await request_execution(conn, original["action_ref"], original["parameters"], by=principal.name))[0]
     return await get_execution(ctx, new_id)
