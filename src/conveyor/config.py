@@ -229,6 +229,16 @@ class DeadLetterSettings(_Section):
     )
 
 
+class WorkflowSettings(_Section):
+    max_depth: int = Field(
+        10, ge=0, le=1000, description="deepest sub-workflow nesting (a workflow is 0); deeper fails at start"
+    )
+    poll_interval: float = Field(
+        2.0, gt=0, description="seconds between checks for workflow events and timeouts when no NOTIFY arrives"
+    )
+    batch_size: int = Field(50, ge=1, le=10_000, description="workflows advanced per pass")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
@@ -246,6 +256,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)  # type: ignore[arg-type]
     message_queue: MessageQueueSettings = Field(default_factory=MessageQueueSettings)  # type: ignore[arg-type]
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)  # type: ignore[arg-type]
+    workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod

@@ -10,7 +10,13 @@ Points: ``scheduler.after_claim`` (claims committed, nothing placed),
 ``scheduler.after_dispatch`` (dispatch committed with its message in the outbox or NOTIFY),
 ``relay.before_dispatch_publish`` (outbox rows with dispatches read, nothing published),
 ``worker.before_result_commit`` (a result written -- slot released, next waiter promoted
--- but not committed).
+-- but not committed). Workflow advancement (executor/workflows.py), all inside the one
+transaction that applies a workflow's events unless said otherwise:
+``workflow.after_dispatch_row`` (the dispatch rows of new children written, no child yet),
+``workflow.after_child_row`` (the children requested and set on their dispatches),
+``workflow.before_commit`` (everything applied, events deleted, not committed),
+``workflow.after_commit`` (committed: the children's wake-ups are out, this executor has
+not acted on anything since).
 
 Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
 while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.

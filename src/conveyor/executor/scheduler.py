@@ -41,12 +41,14 @@ class Scheduler:
         batch_size: int,
         no_worker_grace: float,
         unplaceable_check_interval: float = 1.0,
+        workflow_max_depth: int = 10,
     ) -> None:
         self._pool = pool
         self._executor_id = executor_id
         self._batch_size = batch_size
         self._grace = no_worker_grace
         self._unplaceable_check_interval = unplaceable_check_interval
+        self._workflow_max_depth = workflow_max_depth
         self._next_unplaceable_check = 0.0
         self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
 
@@ -60,13 +62,16 @@ class Scheduler:
             failpoints.reach("scheduler.after_claim")
             failures: dict[int, str] = {}
             claims: list[Claim] = []
+            workflows: list[int] = []
             for row in rows:
                 problem = self._invalid(row)
                 if problem:
                     failures[row.id] = problem
+                elif row.runner_type == "workflow":
+                    workflows.append(row.id)  # started here, on no worker
                 else:
                     claims.append(row.claim())
-            dispatched, failed, released = await self._dispatch(conn, claims, failures)
+            dispatched, failed, released = await self._dispatch(conn, claims, failures, workflows)
             if dispatched:
                 failpoints.reach("scheduler.after_dispatch")
         for eid, error in failures.items():
@@ -99,8 +104,11 @@ class Scheduler:
                 rows += await self._claim_unplaceable(conn, workers)
         return rows
 
-    async def _dispatch(self, conn: Any, claims: list[Claim], failures: dict[int, str]) -> tuple[int, int, int]:
-        """Place claims (scheduling -> scheduled), fail or hand back the rest, in one transaction."""
+    async def _dispatch(
+        self, conn: Any, claims: list[Claim], failures: dict[int, str], workflows: list[int]
+    ) -> tuple[int, int, int]:
+        """Place claims (scheduling -> scheduled), start workflows (-> running), fail or
+        hand back the rest, in one transaction."""
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
             await conn.execute(Q["lock_assignment"])
@@ -125,7 +133,13 @@ class Scheduler:
                 failed = await conn.execute(Q["fail_claims"], params)
             if release:
                 released = await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
-        return await _count(assigned), await _count(failed), await _count(released)
+            started = None
+            if workflows:
+                start: dict[str, Any] = {"ids": workflows, "executor": self._executor_id,
+                                         "max_depth": self._workflow_max_depth}  # fmt: skip
+                started = await conn.execute(Q["start_workflows"], start)
+        ran, broke = await _started(started)
+        return await _count(assigned) + ran, await _count(failed) + broke, await _count(released)
 
     async def _claim_unplaceable(self, conn: Any, workers: list[LiveWorker]) -> list[ClaimedExecution]:
         params = {
@@ -178,6 +192,18 @@ async def _fetch(conn: Any, cls: type[T], query: str, params: dict[str, Any] | N
     cursor = conn.cursor(row_factory=class_row(cls))
     await cursor.execute(query, params)
     return list(await cursor.fetchall())
+
+
+async def _started(cursor: Any) -> tuple[int, int]:
+    """Workflows started (running) and failed at start (too deep, deleted)."""
+    if cursor is None:
+        return 0, 0
+    rows = await cursor.fetchall()
+    for row in rows:
+        if row["status"] == "failed":
+            log.warning("workflow failed at start", execution_id=row["id"], error=row["error"])
+    failed = sum(1 for row in rows if row["status"] == "failed")
+    return len(rows) - failed, failed
 
 
 async def _count(cursor: Any) -> int:

@@ -20,6 +20,7 @@ from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
+from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
@@ -44,8 +45,10 @@ class ExecutorService:
             batch_size=cfg.batch_size,
             no_worker_grace=cfg.no_worker_grace,
             unplaceable_check_interval=cfg.poll_interval,
+            workflow_max_depth=settings.workflow.max_depth,
         )
         self._recovery = Recovery(pool, settings)
+        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size)
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
             transport.handle_dead_letters(self._dead_letters)
@@ -59,6 +62,7 @@ class ExecutorService:
         self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
+        self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
@@ -97,6 +101,10 @@ class ExecutorService:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
+            tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
+            tg.create_task(self._workflow_loop(stop), name="executor-workflows")
+            tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
+                           name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
             cfg = self.settings.executor
             tg.create_task(self._every(stop, cfg.timeout_check_interval, self._recovery.check_scheduled_timeouts),
@@ -132,6 +140,32 @@ class ExecutorService:
             if result.claimed and result.dispatched + result.failed == result.claimed:
                 continue  # a full round placed everything: there may be more waiting
             await self._bell.wait(poll)
+
+    async def _workflow_loop(self, stop: asyncio.Event) -> None:
+        """Advance workflows with pending events (executor/workflows.py): woken by the
+        'workflow' topic, and polled -- the reconciler for what a dead replica left."""
+        cfg = self.settings.workflow
+        while not stop.is_set():
+            try:
+                # Shielded: an advancement in flight commits or rolls back whole anyway;
+                # this only lets it finish rather than leave its events to the next pass.
+                result = await asyncio.shield(self._advancer.run_pass())
+            except psycopg.OperationalError as exc:
+                log.warning("workflow pass failed; database unreachable", error=str(exc).strip())
+                await _sleep_or_stop(stop, cfg.poll_interval)
+                continue
+            except Exception:  # a bug must not stop the loop (each workflow's own errors fail that workflow)
+                self._duty_failed("workflows")
+                await _sleep_or_stop(stop, cfg.poll_interval)
+                continue
+            self._duty_succeeded("workflows")
+            if result.advanced + result.failed + result.skipped >= cfg.batch_size:
+                continue  # a full batch: there may be more waiting
+            await self._workflow_bell.wait(cfg.poll_interval)
+
+    async def _workflow_timeouts(self) -> int:
+        """Task and workflow deadlines passed become 'timeout' events."""
+        return await self._advancer.timeouts()
 
     async def _sweep(self) -> Any:
         result = await self._recovery.sweep()

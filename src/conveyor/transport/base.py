@@ -32,6 +32,7 @@ class Topic(StrEnum):
     COMPLETED = "completed"  # executions reached a terminal state (payload: ids)
     WORKER = "worker"  # work dispatched to one worker (qualified by its id)
     OUTBOX = "outbox"  # internal: outbox rows await the relay (RabbitMQ transport)
+    WORKFLOW = "workflow"  # workflow executions have events to apply (a NOTIFY on both transports)
 
 
 class Doorbell:

@@ -87,8 +87,9 @@ class RabbitMQTransport(Transport):
                 raise ValueError("the worker topic needs a worker id")
             self._workers.add(worker_id)
             self._bells[m.Names.worker_key(worker_id)].append(bell)
-        elif topic is Topic.OUTBOX:
-            self._pg.subscribe(Topic.OUTBOX, bell=bell)
+        elif topic in (Topic.OUTBOX, Topic.WORKFLOW):
+            # Rung by a NOTIFY on both transports: heard through the PostgreSQL listener.
+            self._pg.subscribe(topic, bell=bell)
         else:
             self._bells[m.DOORBELL_KEYS[topic]].append(bell)
             if topic is Topic.REQUESTED:

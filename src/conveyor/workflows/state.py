@@ -31,7 +31,9 @@ class TaskRun:
     not all arrived (``arrivals`` lists the ones that did, one entry per arrival).
     ``items_total``: the number of items of a ``with`` task (None otherwise); ``result``:
     once ended, the action's result, or for ``with`` the list of item results in item
-    order."""
+    order. ``items`` and ``concurrency``: a ``with`` task's list and limit, evaluated once
+    when the instance started (later items are dispatched from this list, so a context
+    that changed meanwhile does not change what the task iterates over)."""
 
     name: str
     iteration: int = 0
@@ -40,13 +42,16 @@ class TaskRun:
     items_total: int | None = None
     result: Any = None
     error: str | None = None
+    items: list[Any] | None = None
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """A child chain: the current child execution of (task, iteration, index) and how
-    many retries it used. ``execution`` is None only in a decision, for a child the
-    executor is about to create (it fills the id in when it inserts the child)."""
+    many retries it used. ``execution`` is None for a child the executor is about to
+    create (it fills the id in when it inserts the child), and in a stored row for a retry
+    deferred while the workflow is paused (requested on resume)."""
 
     task: str
     iteration: int
@@ -153,7 +158,12 @@ class Step:
     ``dispatches`` (by key), request ``children`` (each also upserts its dispatch row
     with the new execution), cancel the executions in ``cancel``, store ``context``, and
     if ``status`` is set move the workflow (and its execution) there; a terminal status
-    carries ``output`` (succeeded) or ``errors`` (failed) as the execution's result."""
+    carries ``output`` (succeeded) or ``errors`` (failed) as the execution's result.
+
+    ``errors`` is always the workflow's full list (store it every time, like ``context``):
+    a running workflow with errors is failing -- it starts nothing new and fails once its
+    running children ended. A dispatch that gets a child in ``children`` is not repeated
+    in ``dispatches``: the child's upsert writes it (status running, its ``retry``)."""
 
     context: dict[str, Any]
     tasks: tuple[TaskRun, ...] = ()

@@ -252,6 +252,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- >>> WORKFLOW BLOCK (migration 0013) >>>
+    -- A started workflow (running, paused, canceling) is cancelled through its events,
+    -- with the default policy (cancel_workflow takes another one).
+    IF EXISTS (SELECT 1 FROM workflow_execution w JOIN execution e ON e.id = w.execution
+               WHERE w.execution = p_id AND e.status IN ('running', 'paused', 'canceling')) THEN
+        RETURN QUERY SELECT * FROM cancel_workflow(p_id, p_by, 'allow_finish');
+        RETURN;
+    END IF;
+    -- <<< WORKFLOW BLOCK <<<
     RETURN QUERY
     WITH target AS (
         SELECT e.id, e.status, e.worker, e.attempt FROM execution e WHERE e.id = p_id
@@ -275,6 +284,39 @@ BEGIN
            coalesce(moved.status, CASE WHEN target.status = 'canceling' THEN 'canceling' END),
            coalesce(moved.worker, target.worker)
     FROM target LEFT JOIN moved ON moved.id = target.id;
+END
+$$;
+
+CREATE FUNCTION conveyor.cancel_workflow(p_id bigint, p_by text, p_policy text DEFAULT 'allow_finish'::text) RETURNS TABLE(id bigint, was text, now text, worker bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    wf_id bigint;
+    current text;
+BEGIN
+    IF p_policy IS NULL OR p_policy NOT IN ('allow_finish', 'cancel_running') THEN
+        RAISE EXCEPTION 'unknown cancel policy % (allow_finish or cancel_running)', quote_literal(p_policy)
+            USING ERRCODE = 'CVA02';
+    END IF;
+    SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
+    IF wf_id IS NULL OR current NOT IN ('running', 'paused', 'canceling') THEN
+        RETURN QUERY SELECT * FROM cancel_execution(p_id, p_by);
+        RETURN;
+    END IF;
+    IF current <> 'canceling' THEN
+        UPDATE execution e SET status = 'canceling', cancelled_by = p_by WHERE e.id = p_id;
+    END IF;
+    IF current <> 'canceling' OR p_policy = 'cancel_running' THEN
+        INSERT INTO workflow_event (workflow_execution, kind, payload)
+        VALUES (wf_id, 'cancel', jsonb_build_object('policy', p_policy, 'by', p_by));
+    END IF;
+    RETURN QUERY SELECT p_id, current, 'canceling'::text, NULL::bigint;
 END
 $$;
 
@@ -323,6 +365,22 @@ BEGIN
         UPDATE action a SET metadata = a.metadata WHERE a.ref = p_target;
     END IF;
     RETURN QUERY SELECT current.target, current.source, n, defined;
+END
+$$;
+
+CREATE FUNCTION conveyor.delete_workflow(p_ref text) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE workflow_definition d SET deleted = now() WHERE d.ref = p_ref AND d.deleted IS NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 AND NOT EXISTS (SELECT 1 FROM execution e WHERE e.action_ref = p_ref) THEN
+        DELETE FROM action a WHERE a.ref = p_ref AND a.runner_type = 'workflow';
+    END IF;
+    RETURN n;
 END
 $$;
 
@@ -479,6 +537,59 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.pause_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    wf_id bigint;
+    current text;
+BEGIN
+    SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
+    IF wf_id IS NULL OR current <> 'running' THEN
+        RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'paused' THEN current END;
+        RETURN;
+    END IF;
+    UPDATE execution e SET status = 'paused' WHERE e.id = p_id;
+    INSERT INTO workflow_event (workflow_execution, kind, payload)
+    VALUES (wf_id, 'pause', jsonb_build_object('by', p_by));
+    RETURN QUERY SELECT p_id, current, 'paused'::text;
+END
+$$;
+
+CREATE FUNCTION conveyor.register_workflow(p_ref text, p_definition jsonb, p_source text DEFAULT ''::text, p_description text DEFAULT ''::text, p_parameters_schema jsonb DEFAULT '{"type": "object"}'::jsonb) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    other text;
+    v integer;
+BEGIN
+    SELECT a.runner_type INTO other FROM action a WHERE a.ref = p_ref FOR UPDATE;
+    IF FOUND AND other <> 'workflow' THEN
+        RAISE EXCEPTION 'action % exists with runner type %: a workflow cannot replace it', p_ref, other
+            USING ERRCODE = 'CVC03';
+    END IF;
+    -- The upsert locks the action row: concurrent registrations of one ref take turns,
+    -- and the next statement (a new snapshot) sees the version the previous one added.
+    INSERT INTO action AS a (ref, pack, name, description, runner_type, runtime, parameters_schema)
+    VALUES (p_ref, split_part(p_ref, '.', 1), substr(p_ref, length(split_part(p_ref, '.', 1)) + 2),
+            coalesce(p_description, ''), 'workflow', 'conveyor', coalesce(p_parameters_schema, '{"type": "object"}'))
+    ON CONFLICT (ref) DO UPDATE
+    SET description = EXCLUDED.description, parameters_schema = EXCLUDED.parameters_schema,
+        runner_type = 'workflow', runtime = 'conveyor';
+    SELECT coalesce(max(d.version), 0) + 1 INTO v FROM workflow_definition d WHERE d.ref = p_ref;
+    INSERT INTO workflow_definition (ref, version, definition, source, description)
+    VALUES (p_ref, v, p_definition, coalesce(p_source, ''), coalesce(p_description, ''));
+    RETURN v;
+END
+$$;
+
 CREATE FUNCTION conveyor.replay_message(p_routing_key text, p_message_type text, p_payload jsonb) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -595,6 +706,82 @@ CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[]) RET
     SELECT id FROM inserted ORDER BY id
 $$;
 
+CREATE FUNCTION conveyor.rerun_execution(p_id bigint, p_from_failed boolean, p_by text) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    old execution;
+    wf workflow_execution;
+    new_id bigint;
+    new_wf bigint;
+    reset jsonb;
+BEGIN
+    SELECT * INTO old FROM execution e WHERE e.id = p_id;
+    SELECT * INTO wf FROM workflow_execution w WHERE w.execution = p_id;
+    IF old.id IS NULL OR wf.id IS NULL THEN
+        RAISE EXCEPTION 'execution % is not a workflow execution', p_id USING ERRCODE = 'CVN04';
+    END IF;
+    IF old.status NOT IN ('failed', 'cancelled', 'timeout', 'abandoned') THEN
+        RAISE EXCEPTION 'workflow execution % is %: only a failed or cancelled workflow can be rerun', p_id, old.status
+            USING ERRCODE = 'CVC04';
+    END IF;
+    INSERT INTO execution (action_ref, parameters) VALUES (old.action_ref, old.parameters)
+    RETURNING execution.id INTO new_id;
+    IF NOT p_from_failed THEN
+        RETURN new_id;  -- started like any request (start_workflows), rerun_of unset
+    END IF;
+    INSERT INTO workflow_execution (execution, workflow_ref, version, status, context, depth, cancel_policy, rerun_of)
+    VALUES (new_id, wf.workflow_ref, wf.version, 'running', wf.context, 0, 'allow_finish', wf.id)
+    RETURNING workflow_execution.id INTO new_wf;
+    SELECT coalesce(jsonb_agg(jsonb_build_array(t.task_name, t.iteration) ORDER BY t.task_name, t.iteration), '[]')
+    INTO reset FROM workflow_task t
+    WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled');
+    INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
+                               error, ended)
+    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.result, t.error, t.ended
+    FROM workflow_task t
+    WHERE t.workflow_execution = wf.id AND t.status NOT IN ('failed', 'cancelled');
+    -- Children of kept tasks, and the succeeded items of reset ones (their results stand).
+    INSERT INTO workflow_task_dispatch (workflow_execution, task_name, task_index, iteration, execution, retry,
+                                       status, result)
+    SELECT new_wf, d.task_name, d.task_index, d.iteration, d.execution, d.retry, d.status, d.result
+    FROM workflow_task_dispatch d
+    LEFT JOIN workflow_task t ON t.workflow_execution = d.workflow_execution AND t.task_name = d.task_name
+                             AND t.iteration = d.iteration
+    WHERE d.workflow_execution = wf.id
+      AND (coalesce(t.status, 'running') NOT IN ('failed', 'cancelled') OR d.status = 'succeeded');
+    INSERT INTO workflow_event (workflow_execution, kind, payload)
+    VALUES (new_wf, 'rerun', jsonb_build_object('tasks', reset, 'by', p_by, 'rerun_of', p_id));
+    RETURN new_id;
+END
+$$;
+
+CREATE FUNCTION conveyor.resume_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    wf_id bigint;
+    current text;
+BEGIN
+    SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
+    IF wf_id IS NULL OR current <> 'paused' THEN
+        RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'running' THEN current END;
+        RETURN;
+    END IF;
+    UPDATE execution e SET status = 'running' WHERE e.id = p_id;
+    INSERT INTO workflow_event (workflow_execution, kind, payload)
+    VALUES (wf_id, 'resume', jsonb_build_object('by', p_by));
+    RETURN QUERY SELECT p_id, current, 'running'::text;
+END
+$$;
+
 CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integer, p_parameters text[], p_method text) RETURNS SETOF conveyor.admission_policy
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -631,6 +818,57 @@ BEGIN
         found_epoch := current_server_epoch();
     END IF;
     RETURN found_epoch;
+END
+$$;
+
+CREATE FUNCTION conveyor.start_workflows(ids bigint[], executor text, p_max_depth integer DEFAULT 10) RETURNS TABLE(id bigint, status text, error text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+    d workflow_definition;
+    depth integer;
+    problem text;
+    wf_id bigint;
+BEGIN
+    FOR r IN SELECT e.id, e.action_ref, e.parent, e.parameters FROM execution e
+             WHERE e.id = ANY(ids) AND e.status = 'scheduling' AND e.executor = start_workflows.executor
+             ORDER BY e.id FOR UPDATE LOOP
+        problem := NULL;
+        SELECT pw.depth + 1 INTO depth FROM workflow_execution pw WHERE pw.execution = r.parent;
+        depth := coalesce(depth, 0);
+        SELECT * INTO d FROM workflow_definition wd
+        WHERE wd.ref = r.action_ref AND wd.deleted IS NULL ORDER BY wd.version DESC LIMIT 1;
+        IF depth > p_max_depth THEN
+            problem := format('workflow %s nested too deep: depth %s exceeds workflow.max_depth (%s)',
+                              r.action_ref, depth, p_max_depth);
+        ELSIF d.ref IS NULL AND NOT EXISTS (SELECT 1 FROM workflow_execution w WHERE w.execution = r.id) THEN
+            problem := format('workflow %s was deleted (or never registered)', r.action_ref);
+        END IF;
+        IF problem IS NOT NULL THEN
+            UPDATE execution e SET status = 'failed', ended = now(), not_before = NULL,
+                result = jsonb_build_object('succeeded', false, 'error', problem, 'failed_by', 'scheduler')
+            WHERE e.id = r.id;
+            RETURN QUERY SELECT r.id, 'failed'::text, problem;
+            CONTINUE;
+        END IF;
+        UPDATE execution e SET status = 'running', started = now(), not_before = NULL WHERE e.id = r.id;
+        wf_id := NULL;
+        IF NOT EXISTS (SELECT 1 FROM workflow_execution w WHERE w.execution = r.id) THEN
+            INSERT INTO workflow_execution (execution, workflow_ref, version, depth, deadline)
+            VALUES (r.id, d.ref, d.version, depth,
+                    CASE WHEN jsonb_typeof(d.definition -> 'timeout') = 'number'
+                         THEN now() + make_interval(secs => (d.definition ->> 'timeout')::float8) END)
+            ON CONFLICT ON CONSTRAINT uq_workflow_execution_execution DO NOTHING
+            RETURNING workflow_execution.id INTO wf_id;
+        END IF;
+        IF wf_id IS NOT NULL THEN
+            INSERT INTO workflow_event (workflow_execution, kind) VALUES (wf_id, 'start');
+        END IF;
+        RETURN QUERY SELECT r.id, 'running'::text, NULL::text;
+    END LOOP;
 END
 $$;
 
@@ -718,6 +956,10 @@ DECLARE
     route text;
     w bigint;
 BEGIN
+    IF topic = 'workflow' THEN
+        PERFORM pg_notify(current_schema() || '.workflow', '');
+        RETURN;
+    END IF;
     SELECT r.transport INTO route FROM transport_route r;
     IF topic = 'requested' THEN
         PERFORM pg_notify(current_schema() || '.requested', '');
@@ -754,8 +996,6 @@ BEGIN
         END IF;
     ELSIF topic = 'worker' THEN
         IF route = 'rabbitmq' THEN
-            -- The message says "look now", as every message does: the worker finds the
-            -- cancel in its rows (a copy dead-lettered later is resolved stale).
             INSERT INTO outbox (exchange, routing_key, message_type, payload)
             SELECT 'executions', 'execution.scheduled.worker.' || e.worker, 'execution.scheduled',
                    jsonb_build_object('execution_id', e.id, 'attempt', e.attempt, 'worker_id', e.worker,
@@ -808,6 +1048,63 @@ CREATE FUNCTION conveyor.worker_wake() RETURNS trigger
 BEGIN
     PERFORM wake('capacity', '{}', ARRAY[NEW.id]);
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.workflow_child_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    INSERT INTO workflow_event (workflow_execution, kind, execution)
+    SELECT w.id, 'child_ended', NEW.id FROM workflow_execution w WHERE w.execution = NEW.parent
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.workflow_event_wake() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    PERFORM wake('workflow');
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION conveyor.workflow_timeouts() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    n integer;
+    m integer;
+BEGIN
+    WITH due AS (
+        SELECT d.id FROM workflow_task_dispatch d
+        WHERE d.deadline <= now() AND d.status = 'running'
+        ORDER BY d.id FOR UPDATE SKIP LOCKED
+    ), cleared AS (
+        UPDATE workflow_task_dispatch d SET deadline = NULL FROM due WHERE d.id = due.id
+        RETURNING d.workflow_execution, d.task_name, d.iteration, d.task_index, d.execution
+    )
+    INSERT INTO workflow_event (workflow_execution, kind, payload)
+    SELECT c.workflow_execution, 'timeout',
+           jsonb_build_object('task', c.task_name, 'iteration', c.iteration, 'index', c.task_index,
+                              'execution', c.execution)
+    FROM cleared c;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    WITH due AS (
+        SELECT w.id FROM workflow_execution w
+        WHERE w.deadline <= now() AND w.status IN ('running', 'paused', 'canceling')
+        ORDER BY w.id FOR UPDATE SKIP LOCKED
+    ), cleared AS (
+        UPDATE workflow_execution w SET deadline = NULL FROM due WHERE w.id = due.id RETURNING w.id
+    )
+    INSERT INTO workflow_event (workflow_execution, kind) SELECT c.id, 'timeout' FROM cleared c;
+    GET DIAGNOSTICS m = ROW_COUNT;
+    RETURN n + m;
 END
 $$;
 
@@ -1043,6 +1340,110 @@ CREATE SEQUENCE conveyor.worker_id_seq
 
 ALTER SEQUENCE conveyor.worker_id_seq OWNED BY conveyor.worker.id;
 
+CREATE TABLE conveyor.workflow_definition (
+    ref text NOT NULL,
+    version integer NOT NULL,
+    definition jsonb NOT NULL,
+    source text DEFAULT ''::text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    deleted timestamp with time zone,
+    CONSTRAINT workflow_definition_version_check CHECK ((version > 0))
+);
+
+CREATE TABLE conveyor.workflow_event (
+    id bigint NOT NULL,
+    workflow_execution bigint NOT NULL,
+    kind text NOT NULL,
+    execution bigint,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_event_check CHECK (((kind = 'child_ended'::text) = (execution IS NOT NULL))),
+    CONSTRAINT workflow_event_kind_check CHECK ((kind = ANY (ARRAY['start'::text, 'child_ended'::text, 'cancel'::text, 'pause'::text, 'resume'::text, 'timeout'::text, 'rerun'::text])))
+);
+
+CREATE SEQUENCE conveyor.workflow_event_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.workflow_event_id_seq OWNED BY conveyor.workflow_event.id;
+
+CREATE TABLE conveyor.workflow_execution (
+    id bigint NOT NULL,
+    execution bigint NOT NULL,
+    workflow_ref text NOT NULL,
+    version integer NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    context jsonb DEFAULT '{}'::jsonb NOT NULL,
+    output jsonb,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    depth integer DEFAULT 0 NOT NULL,
+    cancel_policy text DEFAULT 'allow_finish'::text NOT NULL,
+    deadline timestamp with time zone,
+    rerun_of bigint,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_execution_cancel_policy_check CHECK ((cancel_policy = ANY (ARRAY['allow_finish'::text, 'cancel_running'::text]))),
+    CONSTRAINT workflow_execution_depth_check CHECK ((depth >= 0)),
+    CONSTRAINT workflow_execution_status_check CHECK ((status = ANY (ARRAY['running'::text, 'paused'::text, 'canceling'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])))
+);
+
+CREATE SEQUENCE conveyor.workflow_execution_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.workflow_execution_id_seq OWNED BY conveyor.workflow_execution.id;
+
+CREATE TABLE conveyor.workflow_task (
+    workflow_execution bigint NOT NULL,
+    task_name text NOT NULL,
+    iteration integer DEFAULT 0 NOT NULL,
+    status text NOT NULL,
+    arrivals text[] DEFAULT '{}'::text[] NOT NULL,
+    items_total integer,
+    result jsonb,
+    error text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    ended timestamp with time zone,
+    CONSTRAINT workflow_task_iteration_check CHECK ((iteration >= 0)),
+    CONSTRAINT workflow_task_status_check CHECK ((status = ANY (ARRAY['waiting'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])))
+);
+
+CREATE TABLE conveyor.workflow_task_dispatch (
+    id bigint NOT NULL,
+    workflow_execution bigint NOT NULL,
+    task_name text NOT NULL,
+    task_index integer,
+    iteration integer DEFAULT 0 NOT NULL,
+    execution bigint,
+    retry integer DEFAULT 0 NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    result jsonb,
+    deadline timestamp with time zone,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_task_dispatch_iteration_check CHECK ((iteration >= 0)),
+    CONSTRAINT workflow_task_dispatch_retry_check CHECK ((retry >= 0)),
+    CONSTRAINT workflow_task_dispatch_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT workflow_task_dispatch_task_index_check CHECK ((task_index >= 0))
+);
+
+CREATE SEQUENCE conveyor.workflow_task_dispatch_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.workflow_task_dispatch_id_seq OWNED BY conveyor.workflow_task_dispatch.id;
+
 ALTER TABLE ONLY conveyor.api_token ALTER COLUMN id SET DEFAULT nextval('conveyor.api_token_id_seq'::regclass);
 
 ALTER TABLE ONLY conveyor.dead_letter ALTER COLUMN id SET DEFAULT nextval('conveyor.dead_letter_id_seq'::regclass);
@@ -1052,6 +1453,12 @@ ALTER TABLE ONLY conveyor.execution ALTER COLUMN id SET DEFAULT nextval('conveyo
 ALTER TABLE ONLY conveyor.outbox ALTER COLUMN id SET DEFAULT nextval('conveyor.outbox_id_seq'::regclass);
 
 ALTER TABLE ONLY conveyor.worker ALTER COLUMN id SET DEFAULT nextval('conveyor.worker_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.workflow_event ALTER COLUMN id SET DEFAULT nextval('conveyor.workflow_event_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.workflow_execution ALTER COLUMN id SET DEFAULT nextval('conveyor.workflow_execution_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.workflow_task_dispatch ALTER COLUMN id SET DEFAULT nextval('conveyor.workflow_task_dispatch_id_seq'::regclass);
 
 ALTER TABLE ONLY conveyor.action
     ADD CONSTRAINT action_pkey PRIMARY KEY (ref);
@@ -1107,11 +1514,29 @@ ALTER TABLE ONLY conveyor.server_epoch
 ALTER TABLE ONLY conveyor.transport_route
     ADD CONSTRAINT transport_route_pkey PRIMARY KEY (singleton);
 
+ALTER TABLE ONLY conveyor.workflow_execution
+    ADD CONSTRAINT uq_workflow_execution_execution UNIQUE (execution);
+
 ALTER TABLE ONLY conveyor.worker
     ADD CONSTRAINT worker_name_key UNIQUE (name);
 
 ALTER TABLE ONLY conveyor.worker
     ADD CONSTRAINT worker_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.workflow_definition
+    ADD CONSTRAINT workflow_definition_pkey PRIMARY KEY (ref, version);
+
+ALTER TABLE ONLY conveyor.workflow_event
+    ADD CONSTRAINT workflow_event_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.workflow_execution
+    ADD CONSTRAINT workflow_execution_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.workflow_task_dispatch
+    ADD CONSTRAINT workflow_task_dispatch_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.workflow_task
+    ADD CONSTRAINT workflow_task_pkey PRIMARY KEY (workflow_execution, task_name, iteration);
 
 CREATE INDEX dead_letter_execution_idx ON conveyor.dead_letter USING btree (execution) WHERE (execution IS NOT NULL);
 
@@ -1141,7 +1566,19 @@ CREATE INDEX execution_status_updated_idx ON conveyor.execution USING btree (sta
 
 CREATE INDEX outbox_execution_idx ON conveyor.outbox USING btree (execution) WHERE (execution IS NOT NULL);
 
+CREATE UNIQUE INDEX uq_workflow_event_child ON conveyor.workflow_event USING btree (execution) WHERE (kind = 'child_ended'::text);
+
+CREATE UNIQUE INDEX uq_workflow_task_dispatch ON conveyor.workflow_task_dispatch USING btree (workflow_execution, task_name, COALESCE(task_index, '-1'::integer), iteration);
+
 CREATE INDEX worker_status_heartbeat_idx ON conveyor.worker USING btree (status, last_heartbeat);
+
+CREATE INDEX workflow_event_workflow_idx ON conveyor.workflow_event USING btree (workflow_execution, id);
+
+CREATE INDEX workflow_execution_deadline_idx ON conveyor.workflow_execution USING btree (deadline) WHERE (deadline IS NOT NULL);
+
+CREATE INDEX workflow_task_dispatch_deadline_idx ON conveyor.workflow_task_dispatch USING btree (deadline) WHERE (deadline IS NOT NULL);
+
+CREATE INDEX workflow_task_dispatch_execution_idx ON conveyor.workflow_task_dispatch USING btree (execution);
 
 CREATE TRIGGER action_touch BEFORE UPDATE ON conveyor.action FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
 
@@ -1168,6 +1605,12 @@ CREATE TRIGGER worker_touch BEFORE UPDATE ON conveyor.worker FOR EACH ROW EXECUT
 CREATE TRIGGER worker_wake_changed AFTER UPDATE OF status, cordoned, capacity, pid ON conveyor.worker FOR EACH ROW WHEN (((new.status = 'active'::text) AND (NOT new.cordoned) AND ((((old.status IS DISTINCT FROM new.status) OR (old.cordoned IS DISTINCT FROM new.cordoned)) OR (old.capacity IS DISTINCT FROM new.capacity)) OR (old.pid IS DISTINCT FROM new.pid)))) EXECUTE FUNCTION conveyor.worker_wake();
 
 CREATE TRIGGER worker_wake_inserted AFTER INSERT ON conveyor.worker FOR EACH ROW WHEN (((new.status = 'active'::text) AND (NOT new.cordoned))) EXECUTE FUNCTION conveyor.worker_wake();
+
+CREATE TRIGGER workflow_child_ended AFTER UPDATE OF status ON conveyor.execution FOR EACH ROW WHEN (((new.parent IS NOT NULL) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))) EXECUTE FUNCTION conveyor.workflow_child_ended();
+
+CREATE TRIGGER workflow_event_wake AFTER INSERT ON conveyor.workflow_event FOR EACH STATEMENT EXECUTE FUNCTION conveyor.workflow_event_wake();
+
+CREATE TRIGGER workflow_execution_touch BEFORE UPDATE ON conveyor.workflow_execution FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_action_ref_fkey FOREIGN KEY (action_ref) REFERENCES conveyor.action(ref);
@@ -1201,3 +1644,27 @@ ALTER TABLE ONLY conveyor.execution
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_worker_fkey FOREIGN KEY (worker) REFERENCES conveyor.worker(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.workflow_definition
+    ADD CONSTRAINT workflow_definition_ref_fkey FOREIGN KEY (ref) REFERENCES conveyor.action(ref) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.workflow_event
+    ADD CONSTRAINT workflow_event_workflow_execution_fkey FOREIGN KEY (workflow_execution) REFERENCES conveyor.workflow_execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.workflow_execution
+    ADD CONSTRAINT workflow_execution_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.workflow_execution
+    ADD CONSTRAINT workflow_execution_rerun_of_fkey FOREIGN KEY (rerun_of) REFERENCES conveyor.workflow_execution(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.workflow_execution
+    ADD CONSTRAINT workflow_execution_workflow_ref_version_fkey FOREIGN KEY (workflow_ref, version) REFERENCES conveyor.workflow_definition(ref, version);
+
+ALTER TABLE ONLY conveyor.workflow_task_dispatch
+    ADD CONSTRAINT workflow_task_dispatch_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.workflow_task_dispatch
+    ADD CONSTRAINT workflow_task_dispatch_workflow_execution_fkey FOREIGN KEY (workflow_execution) REFERENCES conveyor.workflow_execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.workflow_task
+    ADD CONSTRAINT workflow_task_workflow_execution_fkey FOREIGN KEY (workflow_execution) REFERENCES conveyor.workflow_execution(id) ON DELETE CASCADE;

@@ -3,13 +3,15 @@
 -- oldest first, skipping rows another replica holds: only those that a worker with
 -- a free slot can run (its code is there, or it offers the subprocess runtime), and
 -- not those waiting for admission (an admission policy's queue holds them back).
+-- Workflows need no worker: the round starts them itself (start_workflows).
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
       AND (e.action_ref = ANY(%(refs)s::text[])
-           OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
+           OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[]))
+           OR a.runner_type = 'workflow')
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
@@ -28,15 +30,18 @@ RETURNING e.id, e.action_ref, e.parameters, a.runner_type, a.runtime,
 
 -- name: claim_unplaceable
 -- Claim requested executions that no live worker can run at all and that have
--- waited past the no-worker grace, so the round fails them ("no workers available").
+-- waited past the no-worker grace, so the round fails them ("no workers available");
+-- and workflows, which need no worker (claim_requested only runs when a worker has a
+-- free slot: with every slot taken, workflows start from here, every poll interval).
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
-      AND e.created <= now() - make_interval(secs => %(grace)s)
       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
-      AND NOT (e.action_ref = ANY(%(refs)s::text[])
-               OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
+      AND (a.runner_type = 'workflow'
+           OR (e.created <= now() - make_interval(secs => %(grace)s)
+               AND NOT (e.action_ref = ANY(%(refs)s::text[])
+                        OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))))
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
@@ -148,3 +153,8 @@ SELECT pg_try_advisory_lock(hashtextextended(current_schema() || '.duty.' || %(d
 
 -- name: duty_unlock
 SELECT pg_advisory_unlock(hashtextextended(current_schema() || '.duty.' || %(duty)s, 0)) AS unlocked;
+
+-- name: start_workflows
+-- Start claimed workflow executions (scheduling -> running in the executor, no worker):
+-- create-or-get their workflow state with a 'start' event; too deep or deleted: failed.
+SELECT id, status, error FROM start_workflows(%(ids)s::bigint[], %(executor)s, %(max_depth)s);

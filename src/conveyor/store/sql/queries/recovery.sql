@@ -59,6 +59,7 @@ FROM execution e
 JOIN action a ON a.ref = e.action_ref
 LEFT JOIN worker w ON w.id = e.worker
 WHERE e.status IN ('running', 'canceling') AND (w.id IS NULL OR w.status = 'inactive')
+  AND a.runner_type <> 'workflow'  -- runs in the executor, on no worker: never lost with one
 ORDER BY e.id
 FOR UPDATE OF e SKIP LOCKED;
 

@@ -1,0 +1,134 @@
+"""The conductor: children ending, what ``result()`` is, retries, duplicates."""
+
+from __future__ import annotations
+
+import pytest
+from unit.workflows.conductor_kit import RetrySpec, Sim, envelope, task, to, wf
+
+from conveyor.workflows.childresult import child_value
+from conveyor.workflows.state import ChildEnded
+
+
+def test_result_is_the_actions_return_value_not_the_runners_envelope() -> None:
+    assert child_value("completed", envelope({"a": 1})) == ({"a": 1}, None)
+    assert child_value("completed", envelope(0)) == (0, None)
+
+
+def test_a_command_without_json_output_gives_its_stdout() -> None:
+    assert child_value("completed", envelope(None, stdout="hello\n")) == ("hello\n", None)
+    assert child_value("completed", envelope(None)) == (None, None)
+
+
+def test_raw_results_of_subworkflows_and_inquiries_pass_through() -> None:
+    assert child_value("completed", {"answer": "yes"}) == ({"answer": "yes"}, None)
+    assert child_value("completed", [1, 2]) == ([1, 2], None)
+
+
+@pytest.mark.parametrize(
+    ("status", "result", "error"),
+    [
+        ("failed", envelope(succeeded=False, error="exit 3"), "exit 3"),
+        ("failed", {"succeeded": False, "error": "worker lost"}, "worker lost"),
+        ("timeout", envelope(succeeded=False, error="timed out after 5s"), "timed out after 5s"),
+        ("abandoned", None, "the child execution ended abandoned"),
+        ("failed", [{"task": "x", "message": "m1"}, {"task": "y", "message": "m2"}], "m1; m2"),
+    ],
+)
+def test_a_failed_childs_result_is_its_error(status: str, result: object, error: str) -> None:
+    assert child_value(status, result) == (error, error)
+
+
+@pytest.mark.parametrize("status", ["failed", "timeout", "abandoned", "cancelled"])
+def test_every_unsuccessful_end_fails_the_task(status: str) -> None:
+    sim = Sim(wf(task("a", to("h", when="<% failed() %>")), task("h")))
+    sim.start()
+    step = sim.finish("a", envelope(succeeded=False, error="boom"), status)
+    assert sim.run("a").status == "failed"
+    assert sim.run("a").result == "boom"
+    assert sim.names(step) == ["h"]
+
+
+def test_a_failed_child_is_retried_with_backoff_capped_by_max_delay() -> None:
+    retry = RetrySpec(count=4, delay=2, backoff=3, max_delay=10)
+    sim = Sim(wf(task("a", retry=retry, input={"x": 1})))
+    sim.start()
+    delays = []
+    for n in range(4):
+        step = sim.finish("a", None, "failed")
+        (child,) = step.children
+        assert (child.retry, child.parameters, child.iteration, child.index) == (n + 1, {"x": 1}, 0, None)
+        delays.append(child.delay)
+        assert sim.run("a").status == "running"
+    assert delays == [2.0, 6.0, 10.0, 10.0]
+    step = sim.finish("a", envelope(succeeded=False, error="last"), "failed")
+    assert step.children == ()
+    assert step.status == "failed"
+    assert sim.state.dispatches[("a", 0, None)].retry == 4
+
+
+def test_a_retry_that_succeeds_continues_the_workflow() -> None:
+    sim = Sim(wf(task("a", to("b"), retry=RetrySpec(count=1)), task("b")))
+    sim.start()
+    sim.finish("a", None, "failed")
+    step = sim.finish("a", envelope("ok"))
+    assert sim.names(step) == ["b"]
+    assert sim.run("a").result == "ok"
+
+
+def test_retry_when_sees_the_failed_childs_result() -> None:
+    retry = RetrySpec(count=5, when="<% result() = 'transient' %>")
+    sim = Sim(wf(task("a", retry=retry)))
+    sim.start()
+    assert sim.finish("a", {"succeeded": False, "error": "transient"}, "failed").children
+    step = sim.finish("a", {"succeeded": False, "error": "fatal"}, "failed")
+    assert step.children == ()
+    assert step.status == "failed"
+
+
+def test_retry_count_may_be_an_expression() -> None:
+    sim = Sim(wf(task("a", retry=RetrySpec(count="<% ctx(n) %>")), vars=(("n", 1),)))
+    sim.start()
+    assert sim.finish("a", None, "failed").children
+    assert sim.finish("a", None, "failed").status == "failed"
+
+
+def test_a_succeeded_child_is_not_retried() -> None:
+    sim = Sim(wf(task("a", retry=RetrySpec(count=3))))
+    sim.start()
+    assert sim.finish("a").status == "succeeded"
+
+
+def test_a_duplicate_child_ended_is_ignored() -> None:
+    sim = Sim(wf(task("a", to("b")), task("b")))
+    sim.start()
+    event = sim.ended(sim.execution(("a", 0, None)))
+    first = sim.advance(event)
+    assert sim.names(first) == ["b"]
+    again = sim.advance(event)
+    assert (again.children, again.tasks, again.dispatches, again.status) == ((), (), (), None)
+
+
+def test_a_duplicate_in_the_same_batch_is_ignored() -> None:
+    sim = Sim(wf(task("a", to("b")), task("b")))
+    sim.start()
+    event = sim.ended(sim.execution(("a", 0, None)))
+    step = sim.advance(event, event)
+    assert sim.names(step) == ["b"]
+
+
+def test_the_end_of_a_replaced_child_is_ignored() -> None:
+    sim = Sim(wf(task("a", retry=RetrySpec(count=1))))
+    sim.start()
+    old = sim.execution(("a", 0, None))
+    sim.finish("a", None, "failed")
+    assert sim.execution(("a", 0, None)) != old
+    late = sim.advance(ChildEnded(old, "a", 0, None, "completed", envelope("late")))
+    assert (late.tasks, late.children, late.status) == ((), (), None)
+    assert sim.run("a").status == "running"
+
+
+def test_a_child_of_an_unknown_dispatch_is_ignored() -> None:
+    sim = Sim(wf(task("a")))
+    sim.start()
+    step = sim.advance(ChildEnded(999, "zzz", 0, None, "completed", None))
+    assert (step.tasks, step.children, step.status) == ((), (), None)
