@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,7 +196,10 @@ def many(url: str, workflows: int) -> tuple[float, float, int]:
 
 def start(name: str, role: str, env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
     log = open(logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen([sys.executable, "-m", "conveyor", role], env=env, stdout=log, stderr=log)
+    argv = [sys.executable, "-m", "conveyor", role]
+    if role == "executor" and os.environ.get("BENCH_PROBE"):
+        argv = [sys.executable, os.environ["BENCH_PROBE"]]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=log)
 
 
 def run_once(args: argparse.Namespace, transport: str) -> dict[str, Any]:
