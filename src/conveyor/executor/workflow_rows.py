@@ -41,7 +41,7 @@ Row = dict[str, Any]
 
 def state_of(wf: Row, tasks: Sequence[Row], dispatches: Sequence[Row]) -> WorkflowState:
     runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
-                    t["result"], t["error"]) for t in tasks]  # fmt: skip
+                    t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
     ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
                    d["result"]) for d in dispatches]  # fmt: skip
     return WorkflowState(
@@ -91,27 +91,39 @@ def result_of(status: str, output: Any, errors: Sequence[dict[str, Any]], cancel
     return {"succeeded": False, "error": error, "errors": list(errors), "failed_by": "workflow"}
 
 
+TASK_COLUMNS = (
+    "wids",
+    "names",
+    "iterations",
+    "statuses",
+    "arrivals",
+    "items_totals",
+    "items",
+    "concurrencies",
+    "results",
+    "errors",
+)
+DISPATCH_COLUMNS = ("wids", "names", "iterations", "indexes", "executions", "retries", "statuses", "results")
+UPDATE_COLUMNS = ("ids", "statuses", "contexts", "outputs", "errors", "cancel_policies")
+
+
 @dataclass(slots=True)
 class Writes:
     """The decisions of a batch, as the columns of the bulk statements."""
 
-    tasks: dict[str, list[Any]] = field(default_factory=lambda: _columns("wids", "names", "iterations", "statuses",
-                                                                         "arrivals", "items_totals", "results",
-                                                                         "errors"))  # fmt: skip
-    dispatches: dict[str, list[Any]] = field(default_factory=lambda: _columns("wids", "names", "iterations", "indexes",
-                                                                              "executions", "retries", "statuses",
-                                                                              "results"))  # fmt: skip
+    tasks: dict[str, list[Any]] = field(default_factory=lambda: _columns(*TASK_COLUMNS))
+    dispatches: dict[str, list[Any]] = field(default_factory=lambda: _columns(*DISPATCH_COLUMNS))
     children: list[tuple[dict[str, Any], NewChild]] = field(default_factory=list)  # (workflow row, child)
     cancel: dict[str, list[Any]] = field(default_factory=lambda: _columns("ids", "bys"))
-    update: dict[str, list[Any]] = field(default_factory=lambda: _columns("ids", "statuses", "contexts", "outputs",
-                                                                          "errors", "cancel_policies"))  # fmt: skip
+    update: dict[str, list[Any]] = field(default_factory=lambda: _columns(*UPDATE_COLUMNS))
     end: dict[str, list[Any]] = field(default_factory=lambda: _columns("executions", "statuses", "results"))
 
     def add(self, wf: dict[str, Any], ref: str, step: Step, policy: str) -> None:
         wid = wf["id"]
         for t in step.tasks:
-            _append(self.tasks, wid, t.name, t.iteration, t.status, Jsonb(list(t.arrivals)), t.items_total,
-                    Jsonb(t.result), t.error)  # fmt: skip
+            items = None if t.items is None else Jsonb(t.items)
+            _append(self.tasks, wid, t.name, t.iteration, t.status, Jsonb(list(t.arrivals)), t.items_total, items,
+                    t.concurrency, Jsonb(t.result), t.error)  # fmt: skip
         new = {(c.task, c.iteration, c.index) for c in step.children}
         for d in step.dispatches:
             if d.key not in new:  # a new child's own claim writes its row

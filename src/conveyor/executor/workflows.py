@@ -21,7 +21,6 @@ advanced one by one, so that only the broken one fails.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from conveyor import failpoints
 from conveyor.executor.workflow_rows import TERMINAL, WorkflowBroken, Writes, event_of, result_of, state_of
 from conveyor.store.queries import Q
+from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import CancelRequested, Event, Step, WorkflowState
 
@@ -51,17 +51,11 @@ class PassResult:
     skipped: int  # workflows another replica was advancing
 
 
-def _conductor() -> Decide:
-    # Imported when first used: the conductor is a module of its own (workflows/conductor.py).
-    decide: Decide = importlib.import_module("conveyor.workflows.conductor").advance
-    return decide
-
-
 class Advancer:
     def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None) -> None:
         self._pool = pool
         self._batch_size = batch_size
-        self._decide = decide
+        self._decide: Decide = decide or advance  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
         self._actions: set[str] = set()  # action refs known to exist
 
@@ -159,7 +153,7 @@ class Advancer:
         for e in events:
             if isinstance(e, CancelRequested) and policy != "cancel_running":
                 policy = e.policy
-        step = (self._decide or _conductor())(spec, state, events) if events else None
+        step = self._decide(spec, state, events) if events else None
         return step, policy
 
     async def _spec(self, conn: Any, ref: str, version: int) -> WorkflowSpec:

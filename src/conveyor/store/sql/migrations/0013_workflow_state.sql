@@ -118,6 +118,10 @@ CREATE TABLE workflow_task (
     status             text NOT NULL CHECK (status IN ('waiting', 'running', 'succeeded', 'failed', 'cancelled')),
     arrivals           text[] NOT NULL DEFAULT '{}',
     items_total        integer,
+    -- A with task's list and limit, evaluated once when the instance started: later items
+    -- are dispatched from it, whatever the context became meanwhile.
+    items              jsonb,
+    concurrency        integer,
     result             jsonb,
     error              text,
     created            timestamptz NOT NULL DEFAULT now(),
@@ -501,9 +505,10 @@ BEGIN
     SELECT coalesce(jsonb_agg(jsonb_build_array(t.task_name, t.iteration) ORDER BY t.task_name, t.iteration), '[]')
     INTO reset FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled');
-    INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
-                               error, ended)
-    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.result, t.error, t.ended
+    INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
+                               concurrency, result, error, ended)
+    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.items, t.concurrency, t.result,
+           t.error, t.ended
     FROM workflow_task t
     WHERE t.workflow_execution = wf.id AND t.status NOT IN ('failed', 'cancelled');
     -- Children of kept tasks, and the succeeded items of reset ones (their results stand).

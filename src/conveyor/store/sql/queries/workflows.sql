@@ -52,7 +52,7 @@ ORDER BY ev.workflow_execution, ev.id;
 
 -- name: workflow_tasks
 -- The workflows' task instances.
-SELECT workflow_execution, task_name, iteration, status, arrivals, items_total, result, error
+SELECT workflow_execution, task_name, iteration, status, arrivals, items_total, result, error, items, concurrency
 FROM workflow_task WHERE workflow_execution = ANY(%(ids)s::bigint[]);
 
 -- name: workflow_dispatches
@@ -62,17 +62,19 @@ FROM workflow_task_dispatch WHERE workflow_execution = ANY(%(ids)s::bigint[]);
 
 -- name: workflow_upsert_tasks
 -- The decisions' task instances, by key (wids: each row's workflow).
-INSERT INTO workflow_task AS t (workflow_execution, task_name, iteration, status, arrivals, items_total, result,
-                                error, ended)
+INSERT INTO workflow_task AS t (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
+                                concurrency, result, error, ended)
 SELECT u.wid, u.task_name, u.iteration, u.status, ARRAY(SELECT jsonb_array_elements_text(u.arrivals)),
-       u.items_total, u.result, u.error,
+       u.items_total, u.items, u.concurrency, u.result, u.error,
        CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN now() END
 FROM unnest(%(wids)s::bigint[], %(names)s::text[], %(iterations)s::int[], %(statuses)s::text[], %(arrivals)s::jsonb[],
-            %(items_totals)s::int[], %(results)s::jsonb[], %(errors)s::text[])
-     AS u(wid, task_name, iteration, status, arrivals, items_total, result, error)
+            %(items_totals)s::int[], %(items)s::jsonb[], %(concurrencies)s::int[], %(results)s::jsonb[],
+            %(errors)s::text[])
+     AS u(wid, task_name, iteration, status, arrivals, items_total, items, concurrency, result, error)
 ON CONFLICT (workflow_execution, task_name, iteration) DO UPDATE
 SET status = EXCLUDED.status, arrivals = EXCLUDED.arrivals, items_total = EXCLUDED.items_total,
-    result = EXCLUDED.result, error = EXCLUDED.error, updated = now(),
+    items = EXCLUDED.items, concurrency = EXCLUDED.concurrency, result = EXCLUDED.result, error = EXCLUDED.error,
+    updated = now(),
     ended = CASE WHEN EXCLUDED.status IN ('succeeded', 'failed', 'cancelled') THEN coalesce(t.ended, now()) END;
 
 -- name: workflow_upsert_dispatches

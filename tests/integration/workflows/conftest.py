@@ -1,0 +1,58 @@
+"""An executor and a worker running in this test's event loop (as ``conveyor up`` runs
+them), for workflows end to end: the real scheduling round, advancement and worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.actions.core import core
+from conveyor.actions.registry import ActionRegistry
+from conveyor.config import Settings
+from conveyor.executor.service import ExecutorService
+from conveyor.store.db import make_pool
+from conveyor.transport.postgres import PostgresTransport
+from conveyor.worker.service import WorkerService
+
+extra = ActionRegistry()
+
+
+@extra.action("tests.fail", parameters={"type": "object"})
+def fail() -> None:
+    """Fail every time (retries and failure paths)."""
+    raise RuntimeError("boom")
+
+
+@pytest.fixture
+async def world(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """Services running; yields their pool (tests read and write through ``conn``)."""
+    settings = Settings(  # type: ignore[arg-type]
+        executor={"poll_interval": 0.2}, workflow={"poll_interval": 0.2},
+        worker={"name": "w-wf", "heartbeat_interval": 1}, dead_letter={"enabled": False},
+    )  # fmt: skip
+    pool = make_pool(db_url, "conveyor", "test-world", 10)
+    await pool.open()
+    transport = PostgresTransport(db_url, "conveyor")
+    async with pool.connection() as conn:
+        await transport.declare_route(conn)
+    executor = ExecutorService(settings, db_url, pool, transport)
+    worker = WorkerService(settings, db_url, pool, transport, [*core, *extra])
+    await worker.register()
+    stop, fast = asyncio.Event(), asyncio.Event()
+    ready = asyncio.Event()
+    listener = asyncio.create_task(transport.run(ready))
+    await ready.wait()
+    services = [asyncio.create_task(executor.run(stop)), asyncio.create_task(worker.run(stop, fast))]
+    try:
+        yield pool
+    finally:
+        stop.set()
+        fast.set()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*services)
+        listener.cancel()
+        await pool.close()
