@@ -6,8 +6,10 @@ one statement applies the decisions of a whole batch of workflows."""
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -39,16 +41,20 @@ class WorkflowBroken(Exception):
 Row = dict[str, Any]
 
 
-def state_of(wf: Row, tasks: Sequence[Row], dispatches: Sequence[Row]) -> WorkflowState:
+def rows_of(tasks: Sequence[Row], dispatches: Sequence[Row]) -> Rows:
     runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
                     t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
     ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
                    d["result"]) for d in dispatches]  # fmt: skip
+    return Rows({(t.name, t.iteration): t for t in runs}, {d.key: d for d in ds})
+
+
+def state_of(wf: Row, rows: Rows) -> WorkflowState:
     return WorkflowState(
         status=wf["status"],
         context=wf["context"],
-        tasks={(t.name, t.iteration): t for t in runs},
-        dispatches={d.key: d for d in ds},
+        tasks=dict(rows.tasks),
+        dispatches=rows.dispatches,  # not copied: the conductor never changes it (an overlay)
         errors=tuple(wf["errors"]),
         cancel_policy=wf["cancel_policy"],
     )
@@ -153,3 +159,60 @@ def _columns(*names: str) -> dict[str, list[Any]]:
 def _append(columns: dict[str, list[Any]], *values: Any) -> None:
     for column, value in zip(columns.values(), values, strict=True):
         column.append(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A workflow's task and dispatch rows as the conductor reads them."""
+
+    tasks: dict[tuple[str, int], TaskRun]
+    dispatches: dict[tuple[str, int, int | None], Dispatch]
+
+
+class RowCache:
+    """Each workflow's task and dispatch rows as this executor last wrote them, valid
+    while the workflow row's version (its xmin) is the one written with them: a ``with``
+    of 10,000 items is not read back, 10,000 rows, at each of its children's ends.
+    Anything else that changed the workflow (another replica, a verb) changed the row
+    version too, and the rows are read again. Bounded (least recently used dropped)."""
+
+    def __init__(self, size: int = 2000) -> None:
+        self._size = size
+        self._entries: OrderedDict[int, tuple[str, Rows]] = OrderedDict()
+
+    def get(self, wid: int, version: str) -> Rows | None:
+        entry = self._entries.get(wid)
+        if entry is None or entry[0] != version:
+            return None
+        self._entries.move_to_end(wid)
+        return entry[1]
+
+    def drop(self, wid: int) -> None:
+        self._entries.pop(wid, None)
+
+    def put(self, wid: int, version: str, old: Rows, step: Step, executions: dict[tuple[str, int, int | None], int],
+            ended: bool) -> None:  # fmt: skip
+        """``old`` with ``step`` applied as the statements applied it; ``executions``:
+        the new children's ids by dispatch key."""
+        if ended:
+            self.drop(wid)
+            return
+        tasks = dict(old.tasks)
+        for t in step.tasks:  # as stored and read back: JSON values
+            tasks[(t.name, t.iteration)] = replace(t, result=_json(t.result), items=_json(t.items))
+        dispatches = dict(old.dispatches)
+        for d in step.dispatches:
+            prior = dispatches.get(d.key)
+            execution = d.execution if d.execution is not None or prior is None else prior.execution
+            dispatches[d.key] = replace(d, execution=execution, result=_json(d.result))
+        for c in step.children:
+            key = (c.task, c.iteration, c.index)
+            dispatches[key] = Dispatch(c.task, c.iteration, c.index, executions[key], c.retry)
+        self._entries[wid] = (version, Rows(tasks, dispatches))
+        self._entries.move_to_end(wid)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+
+def _json(value: Any) -> Any:
+    return None if value is None else json.loads(json.dumps(value))

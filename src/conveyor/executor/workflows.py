@@ -31,7 +31,17 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
-from conveyor.executor.workflow_rows import TERMINAL, WorkflowBroken, Writes, event_of, result_of, state_of
+from conveyor.executor.workflow_rows import (
+    TERMINAL,
+    RowCache,
+    Rows,
+    WorkflowBroken,
+    Writes,
+    event_of,
+    result_of,
+    rows_of,
+    state_of,
+)
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
@@ -58,6 +68,7 @@ class Advancer:
         self._decide: Decide = decide or advance  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
         self._actions: set[str] = set()  # action refs known to exist
+        self._cache = RowCache()
 
     async def run_pass(self) -> PassResult:
         """Advance the workflows with pending events (up to a batch) in one transaction."""
@@ -118,13 +129,16 @@ class Advancer:
         wfs = [wf for wf in wfs if wf["id"] in events]
         live = [wf for wf in wfs if wf["status"] not in TERMINAL and wf["execution_status"] in ACTIVE]
         # Ended (a late child's end, a verb raced the end): nothing left to decide.
-        states = await self._states(conn, live) if live else {}
+        rows = await self._rows(conn, live) if live else {}
+        for wf in wfs:
+            if wf not in live:
+                self._cache.drop(wf["id"])
         consumed: list[int] = [e["id"] for wf in wfs if wf not in live for e in events[wf["id"]]]
         decided: list[tuple[dict[str, Any], str, Step | None, str]] = []
         for wf in live:
             try:
                 spec = await self._spec(conn, wf["workflow_ref"], wf["version"])
-                step, policy = self._step(spec, states[wf["id"]], wf, events[wf["id"]])
+                step, policy = self._step(spec, state_of(wf, rows[wf["id"]]), wf, events[wf["id"]])
             except Exception as exc:  # this workflow alone: failed after the batch commits
                 broken[wf["id"]] = exc
                 continue
@@ -132,6 +146,7 @@ class Advancer:
         unknown = await self._unknown_actions(conn, {c.action_ref for *_, step, _ in decided if step
                                                      for c in step.children})  # fmt: skip
         writes = Writes()
+        applied: list[tuple[dict[str, Any], Step]] = []
         for wf, ref, step, policy in decided:
             missing = sorted({f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step
                              else ())  # fmt: skip
@@ -140,8 +155,16 @@ class Advancer:
                 continue
             if step is not None:
                 writes.add(wf, ref, step, policy)
+                applied.append((wf, step))
             consumed += [e["id"] for e in events[wf["id"]]]
-        await self._apply(conn, writes)
+        versions, executions = await self._apply(conn, writes)
+        for wf, step in applied:
+            wid = wf["id"]
+            if wid in executions and wid in versions:
+                ended = (step.status or wf["status"]) in TERMINAL
+                self._cache.put(wid, versions[wid], rows[wid], step, executions[wid], ended)
+            else:  # some child was requested already (a replay): read the rows next time
+                self._cache.drop(wid)
         await conn.execute(Q["workflow_consume_events"], {"ids": consumed})
         failpoints.reach("workflow.before_commit")
         return len(wfs) - len(broken)
@@ -181,33 +204,44 @@ class Advancer:
         self._actions.update(r["ref"] for r in rows)
         return set(ask) - self._actions
 
-    async def _states(self, conn: Any, wfs: list[dict[str, Any]]) -> dict[int, WorkflowState]:
-        ids = [wf["id"] for wf in wfs]
+    async def _rows(self, conn: Any, wfs: list[dict[str, Any]]) -> dict[int, Rows]:
+        """Each workflow's task and dispatch rows: cached, or read."""
+        found = {wf["id"]: self._cache.get(wf["id"], wf["row_version"]) for wf in wfs}
+        rows = {wid: r for wid, r in found.items() if r is not None}
+        ids = [wid for wid, r in found.items() if r is None]
+        if not ids:
+            return rows
         tasks: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
         dispatches: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
         for t in await (await conn.execute(Q["workflow_tasks"], {"ids": ids})).fetchall():
             tasks[t["workflow_execution"]].append(t)
         for d in await (await conn.execute(Q["workflow_dispatches"], {"ids": ids})).fetchall():
             dispatches[d["workflow_execution"]].append(d)
-        return {wf["id"]: state_of(wf, tasks[wf["id"]], dispatches[wf["id"]]) for wf in wfs}
+        return rows | {i: rows_of(tasks[i], dispatches[i]) for i in ids}
 
-    async def _apply(self, conn: Any, writes: Writes) -> None:
-        """The batch's decisions, one statement per kind of write."""
+    async def _apply(self, conn: Any, writes: Writes) -> tuple[dict[int, str], dict[int, dict[Any, int]]]:
+        """The batch's decisions, one statement per kind of write. Returns the workflow
+        rows' new versions, and the new children's ids by dispatch key of each workflow
+        whose children were all made here."""
+        executions: dict[int, dict[Any, int]] = {wid: {} for wid in writes.update["ids"]}
         if writes.tasks["wids"]:
             await conn.execute(Q["workflow_upsert_tasks"], writes.tasks)
         if writes.dispatches["wids"]:
             await conn.execute(Q["workflow_upsert_dispatches"], writes.dispatches)
         if writes.children:
-            await self._request_children(conn, writes)
+            await self._request_children(conn, writes, executions)
         if writes.cancel["ids"]:
             await conn.execute(Q["workflow_cancel_children"], writes.cancel)
+        versions: dict[int, str] = {}
         if writes.update["ids"]:
-            await conn.execute(Q["workflow_update"], writes.update)
+            cursor = await conn.execute(Q["workflow_update"], writes.update)
+            versions = {r["id"]: r["row_version"] for r in await cursor.fetchall()}
         if writes.end["executions"]:
             await conn.execute(Q["workflow_resume_execution"], {"executions": writes.end["executions"]})
             await conn.execute(Q["workflow_end_execution"], writes.end)
+        return versions, executions
 
-    async def _request_children(self, conn: Any, writes: Writes) -> None:
+    async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]]) -> None:
         cursor = await conn.execute(Q["workflow_claim_dispatches"], writes.claims())
         claimed = {(r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
                    for r in await cursor.fetchall()}  # fmt: skip
@@ -217,6 +251,9 @@ class Advancer:
         if len(new) < len(writes.children):
             log.info("children already requested were not requested again",
                      duplicates=len(writes.children) - len(new))  # fmt: skip
+            for wf, c in writes.children:
+                if (wf["id"], c.task, c.iteration, c.index) not in claimed:
+                    executions.pop(wf["id"], None)
         if not new:
             return
         cursor = await conn.execute(Q["workflow_request_children"], {
@@ -224,10 +261,13 @@ class Advancer:
             "refs": [c.action_ref for *_, c in new], "parameters": [Jsonb(c.parameters) for *_, c in new],
             "delays": [c.delay for *_, c in new],
         })  # fmt: skip
-        made = {r["id"] for r in await cursor.fetchall()}
+        made = {r["id"]: r["execution"] for r in await cursor.fetchall()}
         missing = sorted({f"{c.task}: {c.action_ref}" for d, _, c in new if d not in made})
         if missing:  # an action deleted since it was checked: the batch rolls back
             raise WorkflowBroken("unknown action (task: action): " + ", ".join(missing))
+        for d, wf, c in new:
+            if wf["id"] in executions:
+                executions[wf["id"]][(c.task, c.iteration, c.index)] = made[d]
         failpoints.reach("workflow.after_child_row")
 
     async def _fail(self, workflow_id: int, exc: BaseException) -> None:

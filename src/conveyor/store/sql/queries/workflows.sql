@@ -22,9 +22,12 @@ WHERE pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.
 
 -- name: workflow_lock
 -- The workflows' state rows, locked until commit, with their executions' status and
--- parameters (the 'start' event's) and their definitions' versions.
+-- parameters (the 'start' event's) and their definitions' versions. row_version is the
+-- row's xmin, which any update changes: the executor's cache of a workflow's task and
+-- dispatch rows is valid while it matches, as every change of those rows (advancement,
+-- verbs) updates this row in the same transaction.
 SELECT w.id, w.execution, w.workflow_ref, w.version, w.status, w.context, w.errors, w.cancel_policy,
-       e.status AS execution_status, e.parameters, e.cancelled_by
+       w.xmin::text AS row_version, e.status AS execution_status, e.parameters, e.cancelled_by
 FROM workflow_execution w JOIN execution e ON e.id = w.execution
 WHERE w.id = ANY(%(ids)s::bigint[])
 ORDER BY w.id
@@ -135,13 +138,14 @@ RETURNING d.id, d.execution;
 SELECT c.* FROM unnest(%(ids)s::bigint[], %(bys)s::text[]) AS x(id, by), LATERAL cancel_execution(x.id, x.by) c;
 
 -- name: workflow_update
--- The workflows' state after the decisions.
+-- The workflows' state after the decisions (row_version: see workflow_lock).
 UPDATE workflow_execution w
 SET status = u.status, context = u.context, output = u.output, errors = u.errors, cancel_policy = u.cancel_policy,
     deadline = CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN NULL ELSE w.deadline END
 FROM unnest(%(ids)s::bigint[], %(statuses)s::text[], %(contexts)s::jsonb[], %(outputs)s::jsonb[],
             %(errors)s::jsonb[], %(cancel_policies)s::text[]) AS u(id, status, context, output, errors, cancel_policy)
-WHERE w.id = u.id;
+WHERE w.id = u.id
+RETURNING w.id, w.xmin::text AS row_version;
 
 -- name: workflow_resume_execution
 -- A paused workflow that ends goes through running (paused -> completed is no edge of
