@@ -24,6 +24,10 @@ already-running PostgreSQL (as bench/core.py does), registers the workflows belo
 
 Figures come from the database clock (execution.created/started/ended). Prints them with
 every setting they came from; the executor's and workers' logs are kept (path on stderr).
+
+Profiling: ``BENCH_PROBE=/path/script.py`` runs that script instead of
+``python -m conveyor executor`` (same environment), e.g. one that starts cProfile and then
+``runpy.run_module("conveyor", run_name="__main__")`` with ``sys.argv = ["conveyor", "executor"]``.
 """
 
 from __future__ import annotations
