@@ -91,6 +91,9 @@ class ExecutorSettings(_Section):
     idempotency_key_retention: float = Field(
         86_400, gt=0, description="seconds an idempotency key is kept after its first use (then purged)"
     )
+    inquiry_check_interval: float = Field(
+        1.0, gt=0, description="seconds between checks for inquiries past their ttl (timeout or default answer)"
+    )
 
 
 class WorkerSettings(_Section):

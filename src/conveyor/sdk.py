@@ -26,6 +26,7 @@ from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, Unknow
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk_workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 
@@ -53,17 +54,22 @@ def request_execution(
     *,
     schema: str = "conveyor",
     idempotency_key: str | None = None,
+    requested_by: str | None = None,
 ) -> int:
     """Create an execution in ``requested`` within ``conn``'s current transaction. With
     ``idempotency_key``, a retry with the same key returns the first execution (for at
     least executor.idempotency_key_retention); the key reused for another request raises
-    ConflictError."""
+    ConflictError. ``requested_by``: who asks (execution.requested_by; an inquiry with
+    ``forbid_requester`` refuses this name's answer); it is set for the rest of the
+    transaction (``SET LOCAL conveyor.requested_by``)."""
     params = parameters or {}
     check_idempotency_key(idempotency_key)
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
     # A savepoint: a refusal by the database (CVA01/CVA02/CVA03) is raised as a ConveyorError
     # and must leave the caller's transaction usable, as a client-side refusal does.
     with verbs.refusals(action_ref=action_ref), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        if requested_by is not None:
+            cur.execute(Q["set_requested_by"], {"by": requested_by})
         cur.execute(
             sql.SQL("SELECT {}.request_execution(%s, %s, idempotency_key => %s)").format(sql.Identifier(schema)),
             (action_ref, Jsonb(params), idempotency_key),
@@ -98,12 +104,16 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client:
-    """A synchronous client for scripts and the CLI."""
+class Client(WorkflowMethods):
+    """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
+    ``user``: who this client acts for, recorded as the requester of its executions and
+    the responder of its answers to inquiries (None: requests name nobody; answers need
+    ``responder=``)."""
 
-    def __init__(self, url: str, schema: str = "conveyor") -> None:
+    def __init__(self, url: str, schema: str = "conveyor", *, user: str | None = None) -> None:
         self.url = url
         self.schema = schema
+        self.user = user
         self.conn = connect_sync(url, schema, application_name="conveyor-client", autocommit=True)
 
     def close(self) -> None:
@@ -120,7 +130,12 @@ class Client:
     ) -> int:
         with self.conn.transaction():
             return request_execution(
-                self.conn, action_ref, parameters, schema=self.schema, idempotency_key=idempotency_key
+                self.conn,
+                action_ref,
+                parameters,
+                schema=self.schema,
+                idempotency_key=idempotency_key,
+                requested_by=self.user,
             )
 
     def get(self, execution_id: int, *, with_attempts: bool = True) -> Execution:
@@ -204,12 +219,61 @@ class Client:
         row = self.conn.execute(Q["admission_of"], {"id": execution_id}).fetchone()
         return dict(row) if row else None
 
-    def cancel(self, execution_id: int, *, by: str = "sdk") -> str:
+    def cancel(self, execution_id: int, *, by: str = "sdk", policy: str | None = None) -> str:
         """Cancel an execution; returns its new status: ``cancelled`` (it had not started),
         or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
-        raises ConflictError."""
-        row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+        raises ConflictError. A running workflow is ``canceling`` until its children
+        settle: ``policy`` ``allow_finish`` (the default) lets them finish,
+        ``cancel_running`` cancels them."""
+        if policy is None:
+            row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+        else:
+            with verbs.refusals():
+                params = {"id": execution_id, "by": by, "policy": policy}
+                row = self.conn.execute(Q["cancel_workflow"], params).fetchone()
         return verbs.cancelled(execution_id, row)
+
+    # -- inquiries (see docs/inquiries.md) -------------------------------------------------
+
+    def inquiries(
+        self, *, status: str | None = None, limit: int = 50, before: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest first; ``status="pending"`` for the ones waiting for an answer."""
+        params = {"status": status, "before": before, "limit": limit}
+        return list(self.conn.execute(Q["list_inquiries"], params).fetchall())
+
+    def inquiry(self, inquiry_id: int) -> dict[str, Any]:
+        """One inquiry, with ``responses``: every answer given (responder, role, data, created)."""
+        row = self.conn.execute(Q["get_inquiry"], {"id": inquiry_id}).fetchone() if 1 <= inquiry_id <= 2**62 else None
+        if row is None:
+            raise verbs.inquiry_not_found(inquiry_id)
+        return {**row, "responses": self.conn.execute(Q["inquiry_responses"], {"id": inquiry_id}).fetchall()}
+
+    def respond(
+        self, inquiry_id: int, data: Any, *, responder: str | None = None, role: str = "admin"
+    ) -> dict[str, Any]:
+        """Answer an inquiry as ``responder`` (default: this client's ``user``) with ``role``
+        (a database connection may do anything: admin by default). The answer is checked
+        against the inquiry's schema (InvalidAnswerError names each problem's path).
+        Returns ``outcome`` answered (the quorum is reached: the asking execution completed)
+        or recorded (more responders needed); refusals raise NotFoundError, ForbiddenError
+        (not an assignee; the forbidden requester) or ConflictError (not pending any more;
+        this responder answered already)."""
+        who = responder or self.user
+        if not who:
+            raise ConveyorError("who answers? pass responder= (or create the Client with user=)")
+        with self.conn.transaction():
+            found = (
+                self.conn.execute(Q["inquiry_schema"], {"id": inquiry_id}).fetchone()
+                if 1 <= inquiry_id <= 2**62
+                else None
+            )
+            if found is None:
+                raise verbs.inquiry_not_found(inquiry_id)
+            verbs.check_answer(inquiry_id, found["schema"], data)
+            params = {"id": inquiry_id, "responder": who, "role": role, "data": Jsonb(data)}
+            row = self.conn.execute(Q["respond_inquiry"], params).fetchone()
+        return verbs.responded(inquiry_id, who, row)
 
     def wait(self, execution_id: int, timeout: float | None = None) -> Execution:
         """Block until the execution is terminal (woken by NOTIFY, re-checked every second)."""

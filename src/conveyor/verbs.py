@@ -2,7 +2,9 @@
 
 Each verb is one SQL function in the database (``request_execution``,
 ``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
-``set_admission_policy``, ``delete_admission_policy``, ``replay_message``); its wake-ups
+``set_admission_policy``, ``delete_admission_policy``, ``replay_message``,
+``register_workflow``, ``delete_workflow``, ``pause_execution``, ``resume_execution``,
+``rerun_execution``, ``cancel_workflow``, ``respond_inquiry``); its wake-ups
 come from triggers, not from the caller. What is here is only what every caller needs
 around that one call, written once: the checks made before it (full JSON Schema, policy
 specs) and what its answer means -- an error a user can act on, or the result. A caller
@@ -20,15 +22,20 @@ import jsonschema
 import psycopg
 
 from conveyor.actions.registry import AdmissionPolicy
+from conveyor.domain import inquiries as inq
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
+    ForbiddenError,
+    InvalidAnswerError,
     InvalidParametersError,
     InvalidPolicyError,
     NotFoundError,
     UnknownActionError,
 )
+from conveyor.workflows.graph import graph
+from conveyor.workflows.spec import WorkflowSpec
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -36,6 +43,9 @@ INVALID_PARAMETERS = "CVA02"
 KEY_REUSED = "CVA03"
 NO_POLICY = "CVN03"
 POLICY_FROM_DEFINITION = "CVC02"
+NOT_A_WORKFLOW_ACTION = "CVC03"  # register_workflow: the ref is another runner type's action
+NOTHING_TO_RERUN = "CVC04"  # rerun_execution: the workflow has not ended, or ended well
+NOT_A_WORKFLOW = "CVN04"  # rerun_execution: no such workflow execution
 
 # admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
 _TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
@@ -53,8 +63,10 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
         return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     if exc.sqlstate == NO_POLICY:
         return policy_not_found(target)
-    if exc.sqlstate == POLICY_FROM_DEFINITION:
+    if exc.sqlstate in (POLICY_FROM_DEFINITION, NOT_A_WORKFLOW_ACTION, NOTHING_TO_RERUN):
         return ConflictError(message)
+    if exc.sqlstate == NOT_A_WORKFLOW:
+        return NotFoundError(message)
     return exc
 
 
@@ -135,3 +147,87 @@ def policy_found(target: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
     if row is None:
         raise policy_not_found(target)
     return dict(row)
+
+
+# -- workflows (definitions: workflows/registration.py) -----------------------------------
+
+
+def workflow_found(
+    ref: str, version: int | None, row: Mapping[str, Any] | None, versions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A ``get_workflow`` row with its ``versions`` and ``graph`` (nodes, edges)."""
+    if row is None:
+        which = f"version {version} of " if version is not None and versions else ""
+        raise NotFoundError(f"no {which}workflow {ref!r} (see `conveyor workflows list`)")
+    spec = WorkflowSpec.from_json(row["definition"])
+    return {**row, "versions": [dict(v) for v in versions], "graph": graph(spec).to_json()}
+
+
+def workflow_deleted(ref: str, row: Mapping[str, Any] | None) -> int:
+    """What ``delete_workflow`` answered: the versions deleted (none: no such workflow)."""
+    if row is None or not row["versions"]:
+        raise NotFoundError(f"no workflow {ref!r} (see `conveyor workflows list`)")
+    return int(row["versions"])
+
+
+_PAUSE_NEEDS = {"pause": "running", "resume": "paused"}
+
+
+def workflow_changed(execution_id: int, verb: str, row: Mapping[str, Any] | None) -> str:
+    """What ``pause_execution`` / ``resume_execution`` answered: the new status. No row:
+    no such execution; ``now`` NULL: not a workflow in the status the verb needs."""
+    if row is None:
+        raise ExecutionNotFoundError(execution_id)
+    if row["now"] is None:
+        raise ConflictError(
+            f"execution {execution_id} is {row['was']}: only a {_PAUSE_NEEDS[verb]} workflow execution can {verb}"
+        )
+    return str(row["now"])
+
+
+def rerun_started(execution_id: int, row: Mapping[str, Any] | None) -> int:
+    assert row is not None  # the function returns an id or raises
+    return int(row["id"])
+
+
+def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A workflow execution as ``executions get`` and ``/tree`` show it: its state and its
+    task instances (oldest first; ties in definition order), without the definition."""
+    order = {t["name"]: i for i, t in enumerate(workflow["definition"].get("tasks", []))}
+    ranked = sorted(tasks, key=lambda t: (t["created"], t["iteration"], order.get(t["task"], len(order))))
+    state = {k: v for k, v in workflow.items() if k not in ("definition", "id")}
+    return {**state, "tasks": [dict(t) for t in ranked]}
+
+
+# -- inquiries ---------------------------------------------------------------------------
+
+
+def inquiry_not_found(inquiry_id: int) -> NotFoundError:
+    return NotFoundError(f"no inquiry with id {inquiry_id} (see `conveyor inquiries list`)")
+
+
+def check_answer(inquiry_id: int, schema: Mapping[str, Any], data: Any) -> None:
+    """The answer against the inquiry's JSON Schema, before ``respond_inquiry``:
+    InvalidAnswerError names the path of every problem."""
+    problems = inq.answer_problems(schema, data)
+    if problems:
+        raise InvalidAnswerError(inquiry_id, problems)
+
+
+def responded(inquiry_id: int, responder: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``respond_inquiry`` answered: ``answered`` or ``recorded`` (with the inquiry's
+    status and responders so far), else the refusal as the error to show."""
+    outcome = row["outcome"] if row else inq.NOT_FOUND
+    if outcome == inq.NOT_FOUND or row is None:
+        raise inquiry_not_found(inquiry_id)
+    if outcome == inq.NOT_PENDING:
+        raise ConflictError(f"inquiry {inquiry_id} is {row['status']}: it takes no more answers")
+    if outcome == inq.NOT_ASSIGNEE:
+        raise ForbiddenError(f"{responder!r} is not an assignee of inquiry {inquiry_id}")
+    if outcome == inq.REQUESTER_FORBIDDEN:
+        raise ForbiddenError(f"{responder!r} requested this execution and inquiry {inquiry_id} forbids its requester "
+                             "to answer")  # fmt: skip
+    if outcome == inq.ALREADY_RESPONDED:
+        raise ConflictError(f"{responder!r} already answered inquiry {inquiry_id}: it needs another responder")
+    return {"id": inquiry_id, "outcome": outcome, "status": row["status"], "execution": row["execution"],
+            "responders": list(row["responders"] or [])}  # fmt: skip

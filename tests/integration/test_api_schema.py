@@ -85,8 +85,11 @@ def seed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             " 'execution.requested', %s, 'execution.requested', %s, %s, %s) RETURNING id",
             (reason, Jsonb(body), ids[0], resolution),
         ).fetchone()["id"])  # fmt: skip
+    ask = conn.execute(request.replace("core.echo", "core.ask"), (Jsonb({"prompt": "ok?"}),)).fetchone()["id"]
+    conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = %s", (ask,))
+    inquiry = conn.execute(Q["ask_inquiries"], {"ids": [ask], "executor": "t"}).fetchone()["inquiry"]
     return {"execution_id": ids[0], "dead_letter_id": letters[0], "name": "w1", "ref": "core.echo",
-            "target": "core.echo"}  # fmt: skip
+            "target": "core.echo", "inquiry_id": inquiry}  # fmt: skip
 
 
 @pytest.fixture
@@ -210,6 +213,7 @@ def test_the_openapi_document_describes_every_route(api_schema: Any) -> None:
                  "/api/v1/executions/{execution_id}/rerun", "/api/v1/executions/stream", "/api/v1/actions",
                  "/api/v1/actions/{ref}", "/api/v1/workers", "/api/v1/workers/{name}/drain", "/api/v1/dead-letters",
                  "/api/v1/dead-letters/{dead_letter_id}/replay", "/api/v1/tokens", "/api/v1/policies",
-                 "/api/v1/policies/{target}", "/health/live", "/health/ready",
+                 "/api/v1/policies/{target}", "/api/v1/inquiries", "/api/v1/inquiries/{inquiry_id}",
+                 "/api/v1/inquiries/{inquiry_id}/respond", "/health/live", "/health/ready",
                  "/metrics"):  # fmt: skip
         assert path in paths, sorted(paths)

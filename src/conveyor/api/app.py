@@ -13,7 +13,7 @@ from conveyor.api import dashboard, errors
 from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
-from conveyor.api.routes import dead_letters, executions, health, policies, resources
+from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, workflows
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -37,9 +37,12 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     errors.install(app)
     v1 = APIRouter(prefix="/api/v1")
     v1.include_router(executions.router)
+    v1.include_router(workflows.executions)
+    v1.include_router(workflows.router)
     v1.include_router(resources.router)
     v1.include_router(dead_letters.router)
     v1.include_router(policies.router)
+    v1.include_router(inquiries.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

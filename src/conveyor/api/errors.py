@@ -16,7 +16,10 @@ from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
+    ForbiddenError,
+    InvalidAnswerError,
     InvalidParametersError,
+    InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
 )
@@ -60,6 +63,13 @@ def install(app: FastAPI) -> None:
             return error(404, str(exc))
         if isinstance(exc, ConflictError):
             return error(409, str(exc))
+        if isinstance(exc, InvalidWorkflowError):  # every problem, each with its path
+            problems = [{"path": path, "message": message} for _, path, message in exc.problems]
+            return error(422, str(exc), problems=problems)
+        if isinstance(exc, ForbiddenError):
+            return error(403, str(exc))
+        if isinstance(exc, InvalidAnswerError):
+            return error(422, str(exc), problems=[{"field": f, "message": m} for f, m in exc.problems])
         if isinstance(exc, UnknownActionError | InvalidParametersError):
             return error(422, str(exc))
         return error(400, str(exc))

@@ -57,6 +57,7 @@ class ExecutionOut(BaseModel):
     started: datetime | None
     ended: datetime | None
     cancelled_by: str | None = Field(None, description="who asked for its cancellation, if anyone did")
+    requested_by: str | None = Field(None, description="who requested it (a token's name, a CLI user), if known")
     attempts: list[AttemptOut] | None = None
     admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
 
@@ -217,6 +218,58 @@ class PolicyDeleted(BaseModel):
     source: Literal["metadata", "operator"]
     released: int = Field(..., description="executions that were waiting and now may be scheduled")
     restored: PolicyOut | None = Field(None, description="the action's own policy, back in force")
+
+
+class InquiryResponseOut(BaseModel):
+    responder: str
+    role: str | None = Field(None, description="the responder's role when it answered (none: the ttl's default)")
+    data: Any
+    created: datetime
+
+
+class InquiryOut(BaseModel):
+    id: int
+    execution: int = Field(..., description="the asking execution (core.ask)")
+    status: Literal["pending", "responded", "timeout", "cancelled"]
+    prompt: str
+    schema_: dict[str, Any] = Field(..., alias="schema", description="JSON Schema of the answer")
+    assignees: list[str] = Field(..., description="token names and/or roles; none: any operator")
+    quorum: int
+    forbid_requester: bool
+    requester: str | None
+    ttl: float | None
+    deadline: datetime | None
+    on_timeout: Any
+    response: Any = None
+    responded: datetime | None
+    responders: list[str] = Field(..., description="who answered so far")
+    parent: int | None = Field(None, description="the asking execution's parent (a workflow), if any")
+    created: datetime
+    updated: datetime
+    responses: list[InquiryResponseOut] | None = Field(None, description="the audit (GET by id only)")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class InquiryPage(BaseModel):
+    items: list[InquiryOut]
+    next_cursor: int | None = Field(None, description="pass as ?before= for the next page")
+
+
+class RespondIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: Any = Field(..., description="the answer, valid against the inquiry's schema", examples=[{"approved": True}])
+
+
+class RespondOut(BaseModel):
+    id: int
+    outcome: Literal["answered", "recorded"] = Field(
+        ..., description="answered: the inquiry is responded; recorded: more responders are needed"
+    )
+    status: str = Field(..., description="the inquiry's status now")
+    execution: int
+    responders: list[str]
 
 
 class ErrorOut(BaseModel):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
+import os
 import sys
 from datetime import datetime
 from enum import Enum
@@ -40,10 +42,21 @@ class State:
 
     def client(self) -> Client:
         settings = self.loaded.settings
-        return Client(resolve_url(settings), settings.database.schema_name)
+        return Client(resolve_url(settings), settings.database.schema_name, user=cli_user())
 
 
 state = State()
+
+
+def cli_user() -> str:
+    """Who runs the CLI: CONVEYOR_USER, else the operating-system user. Recorded as the
+    requester of what ``conveyor run`` requests and as the responder of
+    ``conveyor inquiries respond`` (an inquiry with forbid_requester tells them apart)."""
+    try:
+        return os.environ.get("CONVEYOR_USER") or getpass.getuser()
+    except (OSError, KeyError):  # no user name for this uid (some containers)
+        return "cli"
+
 
 # What a query against a database that lacks (part of) the schema fails with.
 MISSING_SCHEMA = (

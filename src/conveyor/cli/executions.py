@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -13,11 +14,12 @@ from rich.text import Text
 
 from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
 from conveyor.cli.policies import describe_admission
+from conveyor.cli.workflows import show_tree
 from conveyor.domain.models import Execution, ExecutionSummary
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
 
-app = typer.Typer(help="Inspect and cancel executions.", no_args_is_help=True)
+app = typer.Typer(help="Inspect, cancel, pause, resume and rerun executions.", no_args_is_help=True)
 
 _STYLE = {
     "completed": "green",
@@ -27,6 +29,8 @@ _STYLE = {
     "cancelled": "yellow",
     "running": "cyan",
     "scheduled": "blue",
+    "paused": "yellow",
+    "canceling": "yellow",
 }
 
 
@@ -62,18 +66,32 @@ def executions_table(rows: Sequence[Execution | ExecutionSummary]) -> Table:
 
 
 @app.command()
-def get(execution_id: Annotated[int, typer.Argument(help="Execution id")], as_json: bool = JsonOption) -> None:
+def get(
+    execution_id: Annotated[int, typer.Argument(help="Execution id")],
+    items: Annotated[int, typer.Option(min=0, max=10_000, help="Items shown per `with` task.")] = 20,
+    as_json: bool = JsonOption,
+) -> None:
     """One execution with its parameters, result and attempts.
 
     While an admission policy holds it, also where it stands: holding a slot, or waiting
-    (with how many ahead)."""
+    (with how many ahead). A workflow execution also shows its task tree: each task
+    instance (task, iteration) with its children (item index, retries, child execution,
+    status, attempt, a summary of the result)."""
     with state.client() as client:
         execution = client.get(execution_id)
         admission = client.admission(execution_id)
+        tree = client.workflow_tree(execution_id, items=items)
     if as_json:
-        print_json({**dataclasses.asdict(execution), "admission": admission})
-    else:
-        show_execution(execution, admission)
+        print_json({**dataclasses.asdict(execution), "admission": admission, "workflow": tree})
+        return
+    show_execution(execution, admission)
+    if tree is not None:
+        show_tree(tree, items)
+
+
+class CancelPolicy(StrEnum):
+    allow_finish = "allow_finish"
+    cancel_running = "cancel_running"
 
 
 @app.command()
@@ -81,17 +99,58 @@ def cancel(
     execution_id: Annotated[int, typer.Argument(help="Execution id")],
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it is cancelled.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 60.0,
+    policy: Annotated[
+        CancelPolicy | None,
+        typer.Option(help="A running workflow's children: allow_finish (the default) or cancel_running."),
+    ] = None,
 ) -> None:
     """Cancel an execution: not started yet, it is cancelled at once; running, its worker
-    stops it (process group killed) and records it cancelled. A finished one is an error."""
+    stops it (process group killed) and records it cancelled. A finished one is an error.
+    A running workflow is canceling until its children settle (--policy)."""
     with state.client() as client:
-        status = client.cancel(execution_id, by="cli")
+        status = client.cancel(execution_id, by="cli", policy=policy.value if policy else None)
         if status == "canceling" and wait:
             status = client.wait(execution_id, timeout=timeout).status.value
     if status == "canceling":
-        console.print(f"execution {execution_id} canceling: its worker is stopping it")
+        console.print(f"execution {execution_id} canceling: its worker (or its workflow's children) stopping")
     else:
         console.print(line(f"execution {execution_id} ", _status(status)))
+
+
+@app.command()
+def pause(execution_id: Annotated[int, typer.Argument(help="A running workflow execution's id")]) -> None:
+    """Pause a running workflow: no new task starts; children already running finish."""
+    with state.client() as client:
+        status = client.pause(execution_id, by="cli")
+    console.print(line(f"execution {execution_id} ", _status(status)))
+
+
+@app.command()
+def resume(execution_id: Annotated[int, typer.Argument(help="A paused workflow execution's id")]) -> None:
+    """Resume a paused workflow: its next tasks start."""
+    with state.client() as client:
+        status = client.resume(execution_id, by="cli")
+    console.print(line(f"execution {execution_id} ", _status(status)))
+
+
+@app.command()
+def rerun(
+    execution_id: Annotated[int, typer.Argument(help="Execution id")],
+    from_failed: Annotated[
+        bool,
+        typer.Option("--from-failed", help="A failed workflow: run its failed tasks again, keep what completed."),
+    ] = False,
+) -> None:
+    """Run again as a new execution: the same action and parameters; with --from-failed, a
+    failed (or cancelled) workflow from its failed tasks, keeping the results of the others.
+    Prints the new execution's id."""
+    with state.client() as client:
+        if from_failed:
+            new_id = client.rerun(execution_id, from_failed=True, by="cli")
+        else:
+            original = client.get(execution_id, with_attempts=False)
+            new_id = client.request(original.action_ref, original.parameters)
+    console.print(str(new_id))
 
 
 def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> None:
@@ -100,12 +159,14 @@ def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> Non
     )
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
+    if e.requested_by is not None:
+        console.print(f"  requested by {e.requested_by}", markup=False, highlight=False)
     if e.cancelled_by is not None:
         console.print(f"  cancellation asked by {e.cancelled_by}", markup=False, highlight=False)
     if admission is not None:
         console.print(f"  {describe_admission(admission)} (since {when(admission['since'])})", highlight=False)
     if isinstance(e.result, dict):
-        for key in ("exit_code", "duration", "error", "data"):
+        for key in ("exit_code", "duration", "error", "data", "response", "responders"):
             if e.result.get(key) is not None:
                 cut = key == "data" and e.result.get("data_truncated")
                 flag = " (truncated: the start of its JSON text)" if cut else ""

@@ -8,7 +8,19 @@ from typing import Annotated
 import psycopg
 import typer
 
-from conveyor.cli import actions, config_cmd, dead_letters, executions, policies, run, services, tokens, workers
+from conveyor.cli import (
+    actions,
+    config_cmd,
+    dead_letters,
+    executions,
+    inquiries,
+    policies,
+    run,
+    services,
+    tokens,
+    workers,
+    workflows,
+)
 from conveyor.cli.context import MISSING_SCHEMA, err_console, line, schema_problem, state
 from conveyor.domain.errors import ConveyorError
 
@@ -43,6 +55,8 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
+app.add_typer(workflows.app, name="workflows")
+app.add_typer(inquiries.app, name="inquiries")
 
 
 def _user_facing(exc: BaseException) -> str | None:

@@ -30,7 +30,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _json(raw: str) -> Any:
+def parse_json(raw: str) -> Any:
     """Strict JSON: Python's json module takes NaN and Infinity (and turns 1e400 into
     inf), none of which JSON, jsonb or the API can carry."""
     return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
@@ -51,7 +51,7 @@ def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]
             params[key] = raw
             continue
         try:
-            params[key] = _json(raw)
+            params[key] = parse_json(raw)
         except _NotFinite as exc:
             if "string" in types:  # the text is a valid value as it is
                 params[key] = raw

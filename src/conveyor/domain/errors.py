@@ -15,6 +15,20 @@ class NotFoundError(ConveyorError):
     """The thing asked for does not exist."""
 
 
+class ForbiddenError(ConveyorError):
+    """The caller is known but may not do this (e.g. answer an inquiry not assigned to it)."""
+
+
+class InvalidAnswerError(ConveyorError):
+    """An inquiry's answer that its schema refuses; ``problems`` are (path, message)."""
+
+    def __init__(self, inquiry_id: int, problems: list[tuple[str, str]]) -> None:
+        text = "; ".join(f"{path}: {message}" for path, message in problems)
+        super().__init__(f"invalid answer for inquiry {inquiry_id}: {text}")
+        self.inquiry_id = inquiry_id
+        self.problems = problems
+
+
 class InvalidPolicyError(ConveyorError):
     """An admission policy (or its target) that cannot be stored; the message says why."""
 
@@ -44,3 +58,17 @@ class SchemaTooNewError(ConveyorError):
 
 class DatabaseUnavailableError(ConveyorError):
     pass
+
+
+class InvalidWorkflowError(ConveyorError):
+    """A workflow registration refused, with every problem found: ``problems`` are
+    (where, path, message), ``where`` naming the file (empty for a single definition),
+    ``path`` the spot in the definition (``tasks.deploy.next[0].do``; empty: the whole)."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        super().__init__(f"invalid workflow definition ({len(problems)} problem(s)): " + "; ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """One line per problem, for a terminal."""
+        return [": ".join(part for part in problem if part) for problem in self.problems]

@@ -43,6 +43,7 @@ class Execution:
     started: datetime | None
     ended: datetime | None
     cancelled_by: str | None = None  # who asked for its cancellation (execution.cancelled_by)
+    requested_by: str | None = None  # who requested it (execution.requested_by), if known
     attempts: tuple[Attempt, ...] = field(default=())
 
 

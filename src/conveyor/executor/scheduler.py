@@ -1,6 +1,11 @@
 """One scheduling round: claim (requested -> scheduling), validate, place, dispatch
 (scheduling -> scheduled) or hand back / fail. Every write is guarded on status and
-on this executor's claim, so rounds on any number of replicas cannot collide."""
+on this executor's claim, so rounds on any number of replicas cannot collide.
+
+Workflows (runner type ``workflow``) and inquiries (core.ask, runner type ``inquiry``)
+need no worker: they are claimed whatever the free capacity, validated like the rest, and
+started (scheduling -> running, with their workflow state) or asked (scheduling ->
+pending, with their inquiry) in the dispatch transaction."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
+from conveyor.domain.inquiries import ask_problems
 from conveyor.executor.placement import Claim, place
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedExecution, LiveWorker
@@ -22,6 +28,8 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 NO_WORKERS = "no workers available: no live worker offers action {ref}"
+INQUIRY = "inquiry"  # the runner type of core.ask
+WORKFLOW = "workflow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +38,7 @@ class RoundResult:
     dispatched: int
     failed: int
     handed_back: int
+    asked: int = 0  # inquiries asked (scheduling -> pending)
 
 
 class Scheduler:
@@ -63,20 +72,23 @@ class Scheduler:
             failures: dict[int, str] = {}
             claims: list[Claim] = []
             workflows: list[int] = []
+            asking: list[int] = []
             for row in rows:
                 problem = self._invalid(row)
                 if problem:
                     failures[row.id] = problem
-                elif row.runner_type == "workflow":
+                elif row.runner_type == WORKFLOW:
                     workflows.append(row.id)  # started here, on no worker
+                elif row.runner_type == INQUIRY:
+                    asking.append(row.id)
                 else:
                     claims.append(row.claim())
-            dispatched, failed, released = await self._dispatch(conn, claims, failures, workflows)
+            dispatched, failed, released, asked = await self._dispatch(conn, claims, failures, workflows, asking)
             if dispatched:
                 failpoints.reach("scheduler.after_dispatch")
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
-        return RoundResult(len(rows), dispatched, failed, released)
+        return RoundResult(len(rows), dispatched, failed, released, asked)
 
     async def _claim(self, conn: Any) -> list[ClaimedExecution]:
         """requested -> scheduling, committed without waiting for the WAL flush."""
@@ -98,17 +110,20 @@ class Scheduler:
                     "runtimes": sorted({r for w in open_ for r in w.runtimes}),
                 }
                 rows = await _fetch(conn, ClaimedExecution, Q["claim_requested"], params)
-            # That second query scans the whole backlog: run it only every so often.
+            # Workflows and inquiries, whatever the workers: only the executor runs them.
+            rows += await _fetch(conn, ClaimedExecution, Q["claim_executor_run"],
+                                 {"limit": self._batch_size, "executor": self._executor_id})  # fmt: skip
+            # The unplaceable query scans the whole backlog: run it only every so often.
             if time.monotonic() >= self._next_unplaceable_check:
                 self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
                 rows += await self._claim_unplaceable(conn, workers)
         return rows
 
     async def _dispatch(
-        self, conn: Any, claims: list[Claim], failures: dict[int, str], workflows: list[int]
-    ) -> tuple[int, int, int]:
-        """Place claims (scheduling -> scheduled), start workflows (-> running), fail or
-        hand back the rest, in one transaction."""
+        self, conn: Any, claims: list[Claim], failures: dict[int, str], workflows: list[int], asking: list[int]
+    ) -> tuple[int, int, int, int]:
+        """Place claims (scheduling -> scheduled), start workflows (-> running), ask
+        inquiries (-> pending), fail or hand back the rest, in one transaction."""
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
             await conn.execute(Q["lock_assignment"])
@@ -121,11 +136,15 @@ class Scheduler:
                     failures[eid] = NO_WORKERS.format(ref=by_id[eid].action_ref)
                 else:
                     release.append(eid)
-            assigned = failed = released = None
+            assigned = failed = released = asked = None
             if placement.assigned:
                 ids, worker_ids = zip(*placement.assigned, strict=True)
                 params = {"ids": list(ids), "workers": list(worker_ids), "executor": self._executor_id}
                 assigned = await conn.execute(Q["assign"], params)
+            if asking:
+                # An inquiry is announced to people: it must not vanish in a crash.
+                await conn.execute(Q["durable_commit"])
+                asked = await conn.execute(Q["ask_inquiries"], {"ids": asking, "executor": self._executor_id})
             if failures:
                 # A failure is reported to waiters: it must not be undone by a crash.
                 await conn.execute(Q["durable_commit"])
@@ -139,7 +158,7 @@ class Scheduler:
                                          "max_depth": self._workflow_max_depth}  # fmt: skip
                 started = await conn.execute(Q["start_workflows"], start)
         ran, broke = await _started(started)
-        return await _count(assigned) + ran, await _count(failed) + broke, await _count(released)
+        return await _count(assigned) + ran, await _count(failed) + broke, await _count(released), await _count(asked)
 
     async def _claim_unplaceable(self, conn: Any, workers: list[LiveWorker]) -> list[ClaimedExecution]:
         params = {
@@ -160,7 +179,8 @@ class Scheduler:
             self._validators[key] = validator
         errors = sorted(validator.iter_errors(row.parameters), key=lambda e: list(e.path))
         if not errors:
-            return None
+            problems = ask_problems(row.parameters) if row.runner_type == INQUIRY else []
+            return "invalid parameters: " + "; ".join(problems) if problems else None
         return "invalid parameters: " + "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors
         )

@@ -123,6 +123,8 @@ class ExecutorService:
             # Often enough that a key outlives its retention by a small fraction of it.
             tg.create_task(self._every(stop, min(60.0, cfg.idempotency_key_retention / 10), self._purge_keys),
                            name="executor-idempotency-keys")  # fmt: skip
+            tg.create_task(self._every(stop, cfg.inquiry_check_interval, self._expire_inquiries),
+                           name="executor-inquiries")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
 
@@ -137,7 +139,7 @@ class ExecutorService:
                 log.warning("scheduling round failed; database unreachable", error=str(exc).strip())
                 await _sleep_or_stop(stop, poll)
                 continue
-            if result.claimed and result.dispatched + result.failed == result.claimed:
+            if result.claimed and result.dispatched + result.failed + result.asked == result.claimed:
                 continue  # a full round placed everything: there may be more waiting
             await self._bell.wait(poll)
 
@@ -189,6 +191,16 @@ class ExecutorService:
     async def _refresh_gauges(self) -> None:
         """The execution, worker and backlog gauges (executor/gauges.py)."""
         await gauges.refresh(self._pool)
+
+    async def _expire_inquiries(self) -> int:
+        """Inquiries past their ttl: timeout, or answered with their default (expire_inquiries)."""
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(Q["expire_inquiries"])).fetchall()
+        for row in rows:
+            log.info(
+                "inquiry expired", inquiry_id=row["inquiry"], execution_id=row["execution"], outcome=row["outcome"]
+            )
+        return len(rows)
 
     async def _reclaim(self) -> int:
         return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)

@@ -2,16 +2,21 @@
 
 Woken by the ``workflow`` topic (a child's end, a verb: cancel, pause, resume, rerun; a
 start) and polled every ``workflow.poll_interval`` on every replica (the reconciler: a
-replica killed mid-advancement leaves its events, which the next pass applies). Per
-workflow, ONE transaction: the workflow's advisory lock and ``FOR UPDATE`` on its row,
-its events, task and dispatch rows read into a :class:`WorkflowState`, the pure
-conductor's decision (a :class:`Step`) applied, and the events deleted -- the reaction
-commits with their deletion or not at all (docs/architecture.md, "Workflow
-advancement").
+replica killed mid-advancement leaves its events, which the next pass applies). A pass
+takes up to ``workflow.batch_size`` workflows with pending events and advances them in
+ONE transaction: their advisory locks and ``FOR UPDATE`` on their rows, their events,
+task and dispatch rows read into :class:`WorkflowState` objects, the pure conductor's
+decisions (:class:`Step`) applied by one statement per kind of write for the whole
+batch, and the events deleted -- each reaction commits with its events' deletion or not
+at all (docs/architecture.md, "Workflow advancement"). Batching is what makes many
+workflows at once cheap: a statement and a commit serve the batch, not each workflow
+(bench/workflows.py).
 
 A workflow whose advancement raises (a corrupt definition, a bug, an unknown action)
 is failed with the error named, in a transaction of its own: it can neither crash the
-executor nor hold up the other workflows.
+executor nor hold up the other workflows. A decision that breaks while being applied
+(an unexpected database error) rolls the batch back, and its workflows are then
+advanced one by one, so that only the broken one fails.
 """
 
 from __future__ import annotations
@@ -26,34 +31,27 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
+from conveyor.executor.workflow_rows import (
+    TERMINAL,
+    RowCache,
+    Rows,
+    WorkflowBroken,
+    Writes,
+    event_of,
+    result_of,
+    rows_of,
+    state_of,
+)
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
-from conveyor.workflows.state import (
-    CancelRequested,
-    ChildEnded,
-    Dispatch,
-    Event,
-    NewChild,
-    PauseRequested,
-    Rerun,
-    ResumeRequested,
-    Started,
-    Step,
-    TaskRun,
-    TimedOut,
-    WorkflowState,
-)
+from conveyor.workflows.state import CancelRequested, Event, Step, WorkflowState
 
 log = structlog.get_logger(__name__)
 
+ACTIVE = ("running", "paused", "canceling")  # the workflow's execution statuses that advance
 Decide = Callable[[WorkflowSpec, WorkflowState, Sequence[Event]], Step]
-TERMINAL = ("succeeded", "failed", "cancelled")
-EXECUTION_STATUS = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
-
-
-class WorkflowBroken(Exception):
-    """The advancement of one workflow cannot go on (named in the workflow's result)."""
+__all__ = ["Advancer", "PassResult", "WorkflowBroken"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +67,14 @@ class Advancer:
         self._batch_size = batch_size
         self._decide: Decide = decide or advance  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
+        self._actions: set[str] = set()  # action refs known to exist
+        self._cache = RowCache()
 
     async def run_pass(self) -> PassResult:
-        """Advance the workflows with pending events (up to a batch), each in its own
-        transaction."""
+        """Advance the workflows with pending events (up to a batch) in one transaction."""
         async with self._pool.connection() as conn:
             pending = await (await conn.execute(Q["workflows_pending"], {"limit": self._batch_size})).fetchall()
-        advanced = failed = skipped = 0
-        for row in pending:
-            outcome = await self.advance(int(row["id"]))
-            advanced += outcome == "advanced"
-            failed += outcome == "failed"
-            skipped += outcome == "skipped"
-        return PassResult(advanced, failed, skipped)
+        return await self.advance_many([int(row["id"]) for row in pending])
 
     async def timeouts(self) -> int:
         """Task and workflow deadlines passed -> 'timeout' events (the reconciler)."""
@@ -92,45 +85,99 @@ class Advancer:
     async def advance(self, workflow_id: int) -> str:
         """Apply one workflow's events: "advanced", "skipped" (locked elsewhere, or
         nothing to do) or "failed" (its advancement broke: the workflow was failed)."""
+        result = await self.advance_many([workflow_id])
+        return "advanced" if result.advanced else "failed" if result.failed else "skipped"
+
+    async def advance_many(self, ids: Sequence[int]) -> PassResult:
+        """Apply these workflows' events in one transaction; one whose advancement
+        broke is failed on its own (see the module's docstring)."""
+        if not ids:
+            return PassResult(0, 0, 0)
+        broken: dict[int, Exception] = {}
         try:
             async with self._pool.connection() as conn, conn.transaction():
-                done = await self._advance(conn, workflow_id)
-            if done:
+                advanced = await self._advance(conn, ids, broken)
+            if advanced:
                 failpoints.reach("workflow.after_commit")
-            return "advanced" if done else "skipped"
         except psycopg.OperationalError:
             raise  # the database is unreachable: the events stay for the next pass
-        except Exception as exc:
-            log.exception("workflow advancement failed; failing the workflow", workflow_execution=workflow_id)
-            await self._fail(workflow_id, exc)
-            return "failed"
+        except Exception as batch_error:
+            if len(ids) == 1:
+                broken = {ids[0]: batch_error}
+                advanced = 0
+            else:  # which one broke the batch? Each alone: only that one fails.
+                log.warning("a batch of workflow advancements failed; advancing them one by one",
+                            error=repr(batch_error))  # fmt: skip
+                results = [await self.advance_many([wid]) for wid in ids]
+                return PassResult(*(sum(getattr(r, f) for r in results) for f in ("advanced", "failed", "skipped")))
+        for wid, exc in broken.items():
+            log.error("workflow advancement failed; failing the workflow", workflow_execution=wid, error=repr(exc),
+                      exc_info=None if isinstance(exc, WorkflowBroken) else exc)  # fmt: skip
+            await self._fail(wid, exc)
+        return PassResult(advanced, len(broken), len(ids) - advanced - len(broken))
 
-    async def _advance(self, conn: Any, workflow_id: int) -> bool:
-        locked = await (await conn.execute(Q["workflow_try_lock"], {"id": workflow_id})).fetchone()
-        if not locked["locked"]:
-            return False
-        wf = await (await conn.execute(Q["workflow_lock"], {"id": workflow_id})).fetchone()
-        rows = await (await conn.execute(Q["workflow_events"], {"id": workflow_id})).fetchall()
-        if wf is None or not rows:
-            return False
-        ids = [r["id"] for r in rows]
-        if wf["status"] in TERMINAL or wf["execution_status"] not in ("running", "paused", "canceling"):
-            # Ended (a late child's end, a verb raced the end): nothing left to decide.
-            await conn.execute(Q["workflow_consume_events"], {"ids": ids})
-            return True
-        spec = await self._spec(conn, wf["workflow_ref"], wf["version"])
-        state = await self._state(conn, wf)
-        events = [e for e in (_event(r, wf) for r in rows) if e is not None]
+    async def _advance(self, conn: Any, ids: Sequence[int], broken: dict[int, Exception]) -> int:
+        """Lock, read, decide and apply; the workflows that broke before any write go into
+        ``broken`` (their events left for :meth:`_fail`). Returns how many advanced."""
+        locked = [r["id"] for r in await (await conn.execute(Q["workflow_try_lock"], {"ids": list(ids)})).fetchall()]
+        if not locked:
+            return 0
+        wfs = await (await conn.execute(Q["workflow_lock"], {"ids": locked})).fetchall()
+        events: dict[int, list[dict[str, Any]]] = {}
+        for r in await (await conn.execute(Q["workflow_events"], {"ids": locked})).fetchall():
+            events.setdefault(r["workflow_execution"], []).append(r)
+        wfs = [wf for wf in wfs if wf["id"] in events]
+        live = [wf for wf in wfs if wf["status"] not in TERMINAL and wf["execution_status"] in ACTIVE]
+        # Ended (a late child's end, a verb raced the end): nothing left to decide.
+        rows = await self._rows(conn, live) if live else {}
+        for wf in wfs:
+            if wf not in live:
+                self._cache.drop(wf["id"])
+        consumed: list[int] = [e["id"] for wf in wfs if wf not in live for e in events[wf["id"]]]
+        decided: list[tuple[dict[str, Any], str, Step | None, str]] = []
+        for wf in live:
+            try:
+                spec = await self._spec(conn, wf["workflow_ref"], wf["version"])
+                step, policy = self._step(spec, state_of(wf, rows[wf["id"]]), wf, events[wf["id"]])
+            except Exception as exc:  # this workflow alone: failed after the batch commits
+                broken[wf["id"]] = exc
+                continue
+            decided.append((wf, spec.ref, step, policy))
+        unknown = await self._unknown_actions(conn, {c.action_ref for *_, step, _ in decided if step
+                                                     for c in step.children})  # fmt: skip
+        writes = Writes()
+        applied: list[tuple[dict[str, Any], Step]] = []
+        for wf, ref, step, policy in decided:
+            missing = sorted({f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step
+                             else ())  # fmt: skip
+            if missing:  # found before any write: fails this workflow alone, not the batch
+                broken[wf["id"]] = WorkflowBroken("unknown action (task: action): " + ", ".join(missing))
+                continue
+            if step is not None:
+                writes.add(wf, ref, step, policy)
+                applied.append((wf, step))
+            consumed += [e["id"] for e in events[wf["id"]]]
+        versions, executions = await self._apply(conn, writes)
+        for wf, step in applied:
+            wid = wf["id"]
+            if wid in executions and wid in versions:
+                ended = (step.status or wf["status"]) in TERMINAL
+                self._cache.put(wid, versions[wid], rows[wid], step, executions[wid], ended)
+            else:  # some child was requested already (a replay): read the rows next time
+                self._cache.drop(wid)
+        await conn.execute(Q["workflow_consume_events"], {"ids": consumed})
+        failpoints.reach("workflow.before_commit")
+        return len(wfs) - len(broken)
+
+    def _step(self, spec: WorkflowSpec, state: WorkflowState, wf: dict[str, Any],
+              rows: list[dict[str, Any]]) -> tuple[Step | None, str]:  # fmt: skip
+        events = [e for e in (event_of(r, wf) for r in rows) if e is not None]
         policy = wf["cancel_policy"]
         for e in events:
             if isinstance(e, CancelRequested) and policy != "cancel_running":
                 policy = e.policy
         step = self._decide(spec, state, events) if events else None
-        if step is not None:
-            await self._apply(conn, wf, spec, step, policy)
-        await conn.execute(Q["workflow_consume_events"], {"ids": ids})
-        failpoints.reach("workflow.before_commit")
-        return True
+        return step, policy
 
     async def _spec(self, conn: Any, ref: str, version: int) -> WorkflowSpec:
         key = (ref, version)
@@ -146,71 +193,81 @@ class Advancer:
             self._specs[key] = spec
         return spec
 
-    async def _state(self, conn: Any, wf: dict[str, Any]) -> WorkflowState:
-        tasks = await (await conn.execute(Q["workflow_tasks"], {"id": wf["id"]})).fetchall()
-        dispatches = await (await conn.execute(Q["workflow_dispatches"], {"id": wf["id"]})).fetchall()
-        runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
-                        t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
-        ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
-                       d["result"]) for d in dispatches]  # fmt: skip
-        return WorkflowState(
-            status=wf["status"],
-            context=wf["context"],
-            tasks={(t.name, t.iteration): t for t in runs},
-            dispatches={d.key: d for d in ds},
-            errors=tuple(wf["errors"]),
-            cancel_policy=wf["cancel_policy"],
-        )
+    async def _unknown_actions(self, conn: Any, refs: set[str]) -> set[str]:
+        """The refs with no action row. Known ones are remembered: an action deleted
+        since is still caught by the children's insert (it fails the batch, then the
+        workflow alone)."""
+        ask = sorted(refs - self._actions)
+        if not ask:
+            return set()
+        rows = await (await conn.execute(Q["workflow_existing_actions"], {"refs": ask})).fetchall()
+        self._actions.update(r["ref"] for r in rows)
+        return set(ask) - self._actions
 
-    async def _apply(self, conn: Any, wf: dict[str, Any], spec: WorkflowSpec, step: Step, policy: str) -> None:
-        wid = wf["id"]
-        if step.tasks:
-            await conn.execute(Q["workflow_upsert_tasks"], _tasks_params(wid, step.tasks))
-        children = {(c.task, c.iteration, c.index) for c in step.children}
-        dispatches = [d for d in step.dispatches if d.key not in children]
-        if dispatches:
-            await conn.execute(Q["workflow_upsert_dispatches"], _dispatch_params(wid, dispatches))
-        if step.children:
-            await self._request_children(conn, wf, step.children)
-        if step.cancel:
-            by = f"workflow {spec.ref} (execution {wf['execution']})"
-            await conn.execute(Q["workflow_cancel_children"], {"ids": list(step.cancel), "by": by})
-        status = step.status or wf["status"]
-        output = step.output if status == "succeeded" else None
-        await conn.execute(Q["workflow_update"], {
-            "id": wid, "status": status, "context": Jsonb(step.context), "output": Jsonb(output),
-            "errors": Jsonb(list(step.errors)), "cancel_policy": policy,
-        })  # fmt: skip
-        if status in TERMINAL:
-            await conn.execute(Q["workflow_resume_execution"], {"execution": wf["execution"]})
-            result = _result(status, output, step.errors, wf["cancelled_by"])
-            params = {"execution": wf["execution"], "status": EXECUTION_STATUS[status], "result": Jsonb(result)}
-            await conn.execute(Q["workflow_end_execution"], params)
+    async def _rows(self, conn: Any, wfs: list[dict[str, Any]]) -> dict[int, Rows]:
+        """Each workflow's task and dispatch rows: cached, or read."""
+        found = {wf["id"]: self._cache.get(wf["id"], wf["row_version"]) for wf in wfs}
+        rows = {wid: r for wid, r in found.items() if r is not None}
+        ids = [wid for wid, r in found.items() if r is None]
+        if not ids:
+            return rows
+        tasks: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+        dispatches: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+        for t in await (await conn.execute(Q["workflow_tasks"], {"ids": ids})).fetchall():
+            tasks[t["workflow_execution"]].append(t)
+        for d in await (await conn.execute(Q["workflow_dispatches"], {"ids": ids})).fetchall():
+            dispatches[d["workflow_execution"]].append(d)
+        return rows | {i: rows_of(tasks[i], dispatches[i]) for i in ids}
 
-    async def _request_children(self, conn: Any, wf: dict[str, Any], children: Sequence[NewChild]) -> None:
-        cursor = await conn.execute(Q["workflow_claim_dispatches"], {
-            "id": wf["id"], "names": [c.task for c in children], "iterations": [c.iteration for c in children],
-            "indexes": [c.index for c in children], "retries": [c.retry for c in children],
-            "delays": [c.delay for c in children], "timeouts": [c.timeout for c in children],
-        })  # fmt: skip
-        claimed = {(r["task_name"], r["iteration"], r["task_index"]): r["id"] for r in await cursor.fetchall()}
+    async def _apply(self, conn: Any, writes: Writes) -> tuple[dict[int, str], dict[int, dict[Any, int]]]:
+        """The batch's decisions, one statement per kind of write. Returns the workflow
+        rows' new versions, and the new children's ids by dispatch key of each workflow
+        whose children were all made here."""
+        executions: dict[int, dict[Any, int]] = {wid: {} for wid in writes.update["ids"]}
+        if writes.tasks["wids"]:
+            await conn.execute(Q["workflow_upsert_tasks"], writes.tasks)
+        if writes.dispatches["wids"]:
+            await conn.execute(Q["workflow_upsert_dispatches"], writes.dispatches)
+        if writes.children:
+            await self._request_children(conn, writes, executions)
+        if writes.cancel["ids"]:
+            await conn.execute(Q["workflow_cancel_children"], writes.cancel)
+        versions: dict[int, str] = {}
+        if writes.update["ids"]:
+            cursor = await conn.execute(Q["workflow_update"], writes.update)
+            versions = {r["id"]: r["row_version"] for r in await cursor.fetchall()}
+        if writes.end["executions"]:
+            await conn.execute(Q["workflow_resume_execution"], {"executions": writes.end["executions"]})
+            await conn.execute(Q["workflow_end_execution"], writes.end)
+        return versions, executions
+
+    async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]]) -> None:
+        cursor = await conn.execute(Q["workflow_claim_dispatches"], writes.claims())
+        claimed = {(r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
+                   for r in await cursor.fetchall()}  # fmt: skip
         failpoints.reach("workflow.after_dispatch_row")
-        new = [
-            (claimed[(c.task, c.iteration, c.index)], c) for c in children if (c.task, c.iteration, c.index) in claimed
-        ]
-        if len(new) < len(children):
-            log.info("children already requested were not requested again", workflow_execution=wf["id"],
-                     duplicates=len(children) - len(new))  # fmt: skip
+        new = [(claimed[key], wf, c) for wf, c in writes.children
+               if (key := (wf["id"], c.task, c.iteration, c.index)) in claimed]  # fmt: skip
+        if len(new) < len(writes.children):
+            log.info("children already requested were not requested again",
+                     duplicates=len(writes.children) - len(new))  # fmt: skip
+            for wf, c in writes.children:
+                if (wf["id"], c.task, c.iteration, c.index) not in claimed:
+                    executions.pop(wf["id"], None)
         if not new:
             return
         cursor = await conn.execute(Q["workflow_request_children"], {
-            "parent": wf["execution"], "dispatches": [d for d, _ in new], "refs": [c.action_ref for _, c in new],
-            "parameters": [Jsonb(c.parameters) for _, c in new], "delays": [c.delay for _, c in new],
+            "dispatches": [d for d, _, _ in new], "parents": [wf["execution"] for _, wf, _ in new],
+            "refs": [c.action_ref for *_, c in new], "parameters": [Jsonb(c.parameters) for *_, c in new],
+            "delays": [c.delay for *_, c in new],
         })  # fmt: skip
-        made = {r["id"] for r in await cursor.fetchall()}
-        missing = sorted({f"{c.task}: {c.action_ref}" for d, c in new if d not in made})
-        if missing:
+        made = {r["id"]: r["execution"] for r in await cursor.fetchall()}
+        missing = sorted({f"{c.task}: {c.action_ref}" for d, _, c in new if d not in made})
+        if missing:  # an action deleted since it was checked: the batch rolls back
             raise WorkflowBroken("unknown action (task: action): " + ", ".join(missing))
+        for d, wf, c in new:
+            if wf["id"] in executions:
+                executions[wf["id"]][(c.task, c.iteration, c.index)] = made[d]
         failpoints.reach("workflow.after_child_row")
 
     async def _fail(self, workflow_id: int, exc: BaseException) -> None:
@@ -221,85 +278,31 @@ class Advancer:
         message = f"workflow advancement failed: {error}"
         try:
             async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(Q["workflow_try_lock"], {"id": workflow_id})
-                wf = await (await conn.execute(Q["workflow_lock"], {"id": workflow_id})).fetchone()
+                ids = [workflow_id]
+                await conn.execute(Q["workflow_try_lock"], {"ids": ids})
+                wf = await (await conn.execute(Q["workflow_lock"], {"ids": ids})).fetchone()
                 if wf is None:
                     return
-                rows = await (await conn.execute(Q["workflow_events"], {"id": workflow_id})).fetchall()
+                rows = await (await conn.execute(Q["workflow_events"], {"ids": ids})).fetchall()
                 running = await (await conn.execute(Q["workflow_running_children"], {"id": workflow_id})).fetchall()
                 if running:
+                    by = f"workflow execution {wf['execution']}"
                     await conn.execute(Q["workflow_cancel_children"], {
-                        "ids": [r["execution"] for r in running], "by": f"workflow execution {wf['execution']}",
+                        "ids": [r["execution"] for r in running], "bys": [by] * len(running),
                     })  # fmt: skip
                 errors = [*wf["errors"], {"error": message}]
                 await conn.execute(Q["workflow_update"], {
-                    "id": workflow_id, "status": "failed", "context": Jsonb(wf["context"]), "output": Jsonb(None),
-                    "errors": Jsonb(errors), "cancel_policy": wf["cancel_policy"],
+                    "ids": ids, "statuses": ["failed"], "contexts": [Jsonb(wf["context"])], "outputs": [Jsonb(None)],
+                    "errors": [Jsonb(errors)], "cancel_policies": [wf["cancel_policy"]],
                 })  # fmt: skip
-                await conn.execute(Q["workflow_resume_execution"], {"execution": wf["execution"]})
-                result = _result("failed", None, tuple(errors), None)
+                executions = [wf["execution"]]
+                await conn.execute(Q["workflow_resume_execution"], {"executions": executions})
+                result = result_of("failed", None, tuple(errors), None)
                 await conn.execute(Q["workflow_end_execution"], {
-                    "execution": wf["execution"], "status": "failed", "result": Jsonb(result),
+                    "executions": executions, "statuses": ["failed"], "results": [Jsonb(result)],
                 })  # fmt: skip
                 await conn.execute(Q["workflow_consume_events"], {"ids": [r["id"] for r in rows]})
         except psycopg.OperationalError:
             raise
         except Exception:
             log.exception("could not fail a broken workflow; retried at the next pass", workflow_execution=workflow_id)
-
-
-def _event(row: dict[str, Any], wf: dict[str, Any]) -> Event | None:
-    """A stored event as the conductor's; None for a stale one (a child that is no
-    longer its dispatch's current execution: its chain moved on)."""
-    kind, payload = row["kind"], row["payload"] or {}
-    if kind == "start":
-        return Started(parameters=wf["parameters"])
-    if kind == "child_ended":
-        if row["task_name"] is None:
-            return None
-        return ChildEnded(row["execution"], row["task_name"], row["iteration"], row["task_index"],
-                          row["child_status"], row["child_result"])  # fmt: skip
-    if kind == "cancel":
-        return CancelRequested(payload.get("policy", "allow_finish"))
-    if kind == "pause":
-        return PauseRequested()
-    if kind == "resume":
-        return ResumeRequested()
-    if kind == "timeout":
-        return TimedOut(payload.get("task"), int(payload.get("iteration") or 0))
-    if kind == "rerun":
-        return Rerun(tuple((str(name), int(it)) for name, it in payload.get("tasks", [])))
-    raise WorkflowBroken(f"unknown workflow event kind {kind!r}")
-
-
-def _result(status: str, output: Any, errors: Sequence[dict[str, Any]], cancelled_by: str | None) -> Any:
-    """The workflow execution's result, shaped like other executions': its output when
-    it succeeded, else ``succeeded: false`` with an ``error`` line and every error."""
-    if status == "succeeded":
-        return output
-    if status == "cancelled":
-        error = f"cancelled by {cancelled_by}" if cancelled_by else "cancelled"
-    else:
-        first = errors[0] if errors else {}
-        error = str(first.get("error") or first.get("message") or "workflow failed") if first else "workflow failed"
-    return {"succeeded": False, "error": error, "errors": list(errors), "failed_by": "workflow"}
-
-
-def _tasks_params(wid: int, tasks: Sequence[TaskRun]) -> dict[str, Any]:
-    return {
-        "id": wid, "names": [t.name for t in tasks], "iterations": [t.iteration for t in tasks],
-        "statuses": [t.status for t in tasks], "arrivals": [Jsonb(list(t.arrivals)) for t in tasks],
-        "items_totals": [t.items_total for t in tasks], "results": [Jsonb(t.result) for t in tasks],
-        "items": [None if t.items is None else Jsonb(t.items) for t in tasks],
-        "concurrencies": [t.concurrency for t in tasks],
-        "errors": [t.error for t in tasks],
-    }  # fmt: skip
-
-
-def _dispatch_params(wid: int, dispatches: Sequence[Dispatch]) -> dict[str, Any]:
-    return {
-        "id": wid, "names": [d.task for d in dispatches], "iterations": [d.iteration for d in dispatches],
-        "indexes": [d.index for d in dispatches], "executions": [d.execution for d in dispatches],
-        "retries": [d.retry for d in dispatches], "statuses": [d.status for d in dispatches],
-        "results": [Jsonb(d.result) for d in dispatches],
-    }  # fmt: skip

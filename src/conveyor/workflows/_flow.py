@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.workflows._working import Stop, Working
+from conveyor.workflows.childresult import error_of
 from conveyor.workflows.expressions import item_vars
 from conveyor.workflows.spec import COMMANDS, RetrySpec, TaskSpec
 from conveyor.workflows.state import NewChild, TaskKey, TaskRun, TaskStatus
@@ -74,8 +75,10 @@ class Flow(Working):
         if target not in self.spec.tasks:
             self.fail(source, f"'do' names an unknown task {target!r}")
             return
-        if not self.may_start(force) and not self.paused:
-            return  # the workflow is ending: nothing new, not even a waiting join
+        if self.canceling:
+            return  # a cancelled workflow goes nowhere
+        # Paused or failing: the arrival is recorded and what it would start waits (for
+        # the resume, or for a rerun of the failed workflow: Orquesta's continuation).
         name = source[0]
         if self.spec.tasks[target].join is None:
             self.enter(target, (name,), force)
@@ -172,7 +175,7 @@ class Flow(Working):
                 status: TaskStatus = "failed"
                 if d.status in ("succeeded", "cancelled"):
                     status = "succeeded" if d.status == "succeeded" else "cancelled"
-                error = d.result if isinstance(d.result, str) else f"task {run.name!r} failed"
+                error = error_of(d.result) or f"task {run.name!r} failed"
                 self.end_task(key, status, d.result, error if status == "failed" else None)
             return
         total = run.items_total
@@ -186,7 +189,7 @@ class Flow(Working):
         if tally.failed:
             results, first = self.item_results(run, total)
             self.end_task(key, "failed", results, f"{tally.failed} of {total} items failed; item {first}: "
-                          f"{results[first]}")  # fmt: skip
+                          f"{error_of(results[first])}")  # fmt: skip
         elif tally.dispatched >= total:
             self.end_task(key, "succeeded", self.item_results(run, total)[0], None)
         elif run.error is not None:

@@ -52,7 +52,7 @@ class Working:
         self.changed_tasks: dict[TaskKey, TaskRun] = {}
         self.changed_dispatches: dict[DispatchKey, Dispatch] = {}
         self.children: dict[DispatchKey, NewChild] = {}
-        self.cancel: list[int] = []
+        self.cancel: dict[int, None] = {}  # executions to cancel, in order, once each
         self.output: Any = None
         self.latest: dict[str, int] = {}
         for name, iteration in state.tasks:

@@ -1,11 +1,19 @@
-"""What a workflow author sees of a child execution's result.
+"""What a workflow author sees of a child execution's result: ``result()``.
 
 A child's ``execution.result`` is what its runner stored: for actions run by a worker the
-:class:`~conveyor.domain.models.ActionResult` shape (``{"succeeded", "exit_code", "data",
-"stdout", "stderr", "error", ...}``, worker/results.py writes it as is), for sub-workflows
-and inquiries the value itself (a workflow's output, an inquiry's answer). ``result()`` in
-a workflow is the action's return value, not the runner's envelope: Orquesta users write
-``result().x`` for what a Python action returned.
+:class:`~conveyor.domain.models.ActionResult` envelope (``{"succeeded", "exit_code",
+"data", "stdout", "stderr", "error", ...}``, written as is by worker/results.py), for
+sub-workflows and inquiries the value itself (a workflow's output, an inquiry's answer).
+
+``result()`` is what the author means by "the result":
+- a Python action's return value (``data``): ``result().image``;
+- a command that declared no JSON output: its output, ``{"stdout", "stderr",
+  "exit_code"}`` (StackStorm's local runner shape, so Orquesta's ``result().stdout``
+  works unchanged);
+- a sub-workflow's output, an inquiry's answer: as they are;
+- a failure: ``{"error": message}``, plus ``exit_code``/``stdout``/``stderr`` for an
+  action (``result().stderr`` in a failure transition), plus ``errors`` for a failed
+  sub-workflow (its error list).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 _ENVELOPE = frozenset({"succeeded", "exit_code", "data"})
+_OUTPUT = ("exit_code", "stdout", "stderr")
 
 
 def is_envelope(result: Any) -> bool:
@@ -24,21 +33,28 @@ def is_envelope(result: Any) -> bool:
 
 
 def child_value(status: str, result: Any) -> tuple[Any, str | None]:
-    """``(value, error)`` of a child that ended with ``status`` (an execution status).
-
-    Completed: the value is the action's return value (``data``); a command that printed
-    text but declared no JSON output gives its stdout instead, so a shell step's output
-    is reachable as ``result()``. Otherwise the value is the error message, and ``error``
-    repeats it (it becomes the task's error)."""
+    """``(value, error)`` of a child that ended with ``status`` (an execution status):
+    the value ``result()`` gives, and for a failure its message (the task's error)."""
     if status == "completed":
         if is_envelope(result):
-            data = result.get("data")
-            if data is None and result.get("stdout"):
-                return result["stdout"], None
-            return data, None
+            if result.get("data") is not None:
+                return result["data"], None
+            return {k: result.get(k) for k in _OUTPUT}, None
         return result, None
     error = _error_text(status, result)
-    return error, error
+    value: dict[str, Any] = {"error": error}
+    if is_envelope(result):
+        value.update({k: result.get(k) for k in _OUTPUT if k in result})
+    elif isinstance(result, list) and result and all(isinstance(e, dict) for e in result):
+        value["errors"] = result
+    return value, error
+
+
+def error_of(value: Any) -> str | None:
+    """The message of a failed child's value (see :func:`child_value`)."""
+    if isinstance(value, dict) and isinstance(value.get("error"), str):
+        return str(value["error"])
+    return None
 
 
 def _error_text(status: str, result: Any) -> str:

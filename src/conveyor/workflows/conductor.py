@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.workflows._flow import Flow, retry_delay
 from conveyor.workflows._working import TERMINAL, Stop
 from conveyor.workflows.childresult import child_value
-from conveyor.workflows.expressions import Scope
+from conveyor.workflows.expressions import Scope, item_vars
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     CancelRequested,
@@ -120,22 +120,27 @@ class _Conductor(Flow):
             status = "succeeded"
         elif event.status == "cancelled" and self.canceling:
             status = "cancelled"  # cancelled by the workflow's cancel: no retry, no transition
-        if status == "failed" and self.retry(d, task_key, value):
+        if status != "cancelled" and self.retry(d, task_key, value, status):
             return
         self.put_dispatch(replace(d, status=status, result=value))
         self.settle(task_key)
 
-    def retry(self, d: Dispatch, task_key: TaskKey, value: Any) -> bool:
-        """Request the chain's next child if the task's retry allows it."""
+    def retry(self, d: Dispatch, task_key: TaskKey, value: Any, status: DispatchStatus) -> bool:
+        """Request the chain's next child if the task's retry allows it: without ``when``
+        after a failure, with ``when`` whenever it holds -- after a success too, as in
+        Orquesta (polling: ``when: <% succeeded() and result().state = 'pending' %>``)."""
         spec = self.spec.tasks[d.task]
         policy, run = spec.retry, self.tasks[task_key]
         if policy is None or self.stopping or spec.action is None:
             return False
+        if policy.when is None and status != "failed":
+            return False
         item: dict[str, Any] = {}
         if d.index is not None and run.items is not None:
-            item = {"item": run.items[d.index], "index": d.index}
+            var = spec.with_items.var if spec.with_items else None
+            item = {"item": run.items[d.index], "index": d.index, "item_vars": item_vars(var)}
         try:
-            scope = self.scope(result=value, status="failed", **item)
+            scope = self.scope(result=value, status=status, **item)
             count = self.evaluate(policy.count, scope, task_key, "retry.count")
             if isinstance(count, str) and count.strip().isdigit():
                 count = int(count)
@@ -167,8 +172,8 @@ class _Conductor(Flow):
             assert d is not None
             if d.execution is None:
                 self.put_dispatch(replace(d, status="cancelled"))  # deferred or not created yet
-            elif event.policy == "cancel_running" and d.execution not in self.cancel:
-                self.cancel.append(d.execution)
+            elif event.policy == "cancel_running":
+                self.cancel[d.execution] = None
         for task_key, run in list(self.tasks.items()):
             if run.status == "waiting":
                 self.update_task(task_key, status="cancelled")
@@ -210,8 +215,8 @@ class _Conductor(Flow):
         for key in keys:
             d = self.dispatch(key)
             assert d is not None
-            if d.execution is not None and d.execution not in self.cancel:
-                self.cancel.append(d.execution)
+            if d.execution is not None:
+                self.cancel[d.execution] = None
             self.put_dispatch(replace(d, status="cancelled"))
 
     def workflow_timed_out(self) -> None:
@@ -228,7 +233,7 @@ class _Conductor(Flow):
             return
         self.cut(sorted(self.tally(key).running, key=_order))
         error = f"task {run.name!r} timed out"
-        result: Any = error if run.items_total is None else self.item_results(run, run.items_total)[0]
+        result: Any = {"error": error} if run.items_total is None else self.item_results(run, run.items_total)[0]
         self.end_task(key, "failed", result, error)  # no retry: the task's time is up
 
     # -- rerun ------------------------------------------------------------------------
@@ -238,12 +243,24 @@ class _Conductor(Flow):
             return
         self.status = "running"
         self.errors = []
+        listed = set(event.tasks)
         again = [self.tasks[k] for k in event.tasks if k in self.tasks and self.tasks[k].status == "failed"]
         if not again:
-            listed = ", ".join(f"{name}#{iteration}" for name, iteration in event.tasks) or "none"
-            self.fail(None, f"nothing to rerun: no failed task instance among {listed}", type="rerun")
+            names = ", ".join(f"{name}#{iteration}" for name, iteration in event.tasks) or "none"
+            self.fail(None, f"nothing to rerun: no failed task instance among {names}", type="rerun")
+            return
+        for key, run in sorted(self.tasks.items()):
+            if run.status == "failed" and key not in listed and not self.ready(run):
+                self.update_task(key, status="waiting", error=None)  # a join that could not fire waits again
         for run in again:
+            before = self.latest.get(run.name)
             self.enter(run.name, run.arrivals)
+            if self.latest.get(run.name) != before:  # listed: it starts, even a join short of arrivals
+                self.to_start.append(((run.name, self.latest[run.name]), False))
+        # What was reached but not started because the workflow was failing starts now.
+        for key, run in sorted(self.tasks.items()):
+            if run.status == "waiting" and self.ready(run):
+                self.to_start.append((key, False))
 
     # -- the end ----------------------------------------------------------------------
 
@@ -253,12 +270,16 @@ class _Conductor(Flow):
             return
         if any(run.status == "running" for run in self.tasks.values()):
             return
-        ending = self.canceling or bool(self.errors)
+        failing = bool(self.errors)
         for key, run in sorted(self.tasks.items()):
             if run.status != "waiting":
                 continue
-            if ending or self.ready(run):
+            if self.canceling:
                 self.update_task(key, status="cancelled")
+            elif failing or self.ready(run):
+                # Reached but not started because the workflow is failing (ready is only
+                # possible then): it stays waiting, and a rerun starts it.
+                continue
             else:
                 # Orquesta's unreachable join: the workflow is over, the join cannot fire.
                 arrived = sorted(set(run.arrivals) & self.inbound(run.name))

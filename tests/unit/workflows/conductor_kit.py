@@ -86,6 +86,9 @@ class Sim:
     def status(self) -> str:
         return self.state.status
 
+    def output(self) -> object:
+        return self.steps[-1].output
+
     def run(self, name: str, iteration: int = 0) -> TaskRun:
         return self.state.tasks[(name, iteration)]
 

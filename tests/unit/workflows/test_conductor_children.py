@@ -14,9 +14,9 @@ def test_result_is_the_actions_return_value_not_the_runners_envelope() -> None:
     assert child_value("completed", envelope(0)) == (0, None)
 
 
-def test_a_command_without_json_output_gives_its_stdout() -> None:
-    assert child_value("completed", envelope(None, stdout="hello\n")) == ("hello\n", None)
-    assert child_value("completed", envelope(None)) == (None, None)
+def test_a_command_without_json_output_gives_its_output_as_stackstorm_does() -> None:
+    value, _ = child_value("completed", envelope(None, stdout="hello\n"))
+    assert value == {"exit_code": 0, "stdout": "hello\n", "stderr": ""}
 
 
 def test_raw_results_of_subworkflows_and_inquiries_pass_through() -> None:
@@ -24,18 +24,30 @@ def test_raw_results_of_subworkflows_and_inquiries_pass_through() -> None:
     assert child_value("completed", [1, 2]) == ([1, 2], None)
 
 
+def test_a_failed_action_gives_its_error_and_output() -> None:
+    value, error = child_value("failed", {**envelope(succeeded=False, error="exit 3"), "stderr": "no space"})
+    assert error == "exit 3"
+    assert value == {"error": "exit 3", "exit_code": 1, "stdout": "", "stderr": "no space"}
+
+
 @pytest.mark.parametrize(
     ("status", "result", "error"),
     [
-        ("failed", envelope(succeeded=False, error="exit 3"), "exit 3"),
         ("failed", {"succeeded": False, "error": "worker lost"}, "worker lost"),
         ("timeout", envelope(succeeded=False, error="timed out after 5s"), "timed out after 5s"),
         ("abandoned", None, "the child execution ended abandoned"),
-        ("failed", [{"task": "x", "message": "m1"}, {"task": "y", "message": "m2"}], "m1; m2"),
+        ("failed", "plain", "plain"),
     ],
 )
-def test_a_failed_childs_result_is_its_error(status: str, result: object, error: str) -> None:
-    assert child_value(status, result) == (error, error)
+def test_a_failed_childs_result_carries_its_error(status: str, result: object, error: str) -> None:
+    value, message = child_value(status, result)
+    assert message == error
+    assert value["error"] == error
+
+
+def test_a_failed_subworkflow_gives_its_errors() -> None:
+    errors = [{"task": "x", "message": "m1"}, {"task": "y", "message": "m2"}]
+    assert child_value("failed", errors) == ({"error": "m1; m2", "errors": errors}, "m1; m2")
 
 
 @pytest.mark.parametrize("status", ["failed", "timeout", "abandoned", "cancelled"])
@@ -44,7 +56,7 @@ def test_every_unsuccessful_end_fails_the_task(status: str) -> None:
     sim.start()
     step = sim.finish("a", envelope(succeeded=False, error="boom"), status)
     assert sim.run("a").status == "failed"
-    assert sim.run("a").result == "boom"
+    assert (sim.run("a").result["error"], sim.run("a").error) == ("boom", "boom")
     assert sim.names(step) == ["h"]
 
 
@@ -76,7 +88,7 @@ def test_a_retry_that_succeeds_continues_the_workflow() -> None:
 
 
 def test_retry_when_sees_the_failed_childs_result() -> None:
-    retry = RetrySpec(count=5, when="<% result() = 'transient' %>")
+    retry = RetrySpec(count=5, when="<% result().error = 'transient' %>")
     sim = Sim(wf(task("a", retry=retry)))
     sim.start()
     assert sim.finish("a", {"succeeded": False, "error": "transient"}, "failed").children
@@ -92,7 +104,18 @@ def test_retry_count_may_be_an_expression() -> None:
     assert sim.finish("a", None, "failed").status == "failed"
 
 
-def test_a_succeeded_child_is_not_retried() -> None:
+def test_retry_when_may_retry_a_success_as_orquesta_does_for_polling() -> None:
+    retry = RetrySpec(count=5, when="<% succeeded() and result().state = 'pending' %>")
+    sim = Sim(wf(task("poll", retry=retry)))
+    sim.start()
+    (child,) = sim.finish("poll", envelope({"state": "pending"})).children
+    assert child.retry == 1
+    step = sim.finish("poll", envelope({"state": "done"}))
+    assert step.status == "succeeded"
+    assert sim.run("poll").result == {"state": "done"}
+
+
+def test_a_succeeded_child_is_not_retried_without_when() -> None:
     sim = Sim(wf(task("a", retry=RetrySpec(count=3))))
     sim.start()
     assert sim.finish("a").status == "succeeded"
@@ -116,13 +139,14 @@ def test_a_duplicate_in_the_same_batch_is_ignored() -> None:
     assert sim.names(step) == ["b"]
 
 
-def test_the_end_of_a_replaced_child_is_ignored() -> None:
-    sim = Sim(wf(task("a", retry=RetrySpec(count=1))))
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_the_end_of_a_replaced_child_is_ignored(status: str) -> None:
+    sim = Sim(wf(task("a", retry=RetrySpec(count=3))))
     sim.start()
     old = sim.execution(("a", 0, None))
     sim.finish("a", None, "failed")
     assert sim.execution(("a", 0, None)) != old
-    late = sim.advance(ChildEnded(old, "a", 0, None, "completed", envelope("late")))
+    late = sim.advance(ChildEnded(old, "a", 0, None, status, envelope("late")))
     assert (late.tasks, late.children, late.status) == ((), (), None)
     assert sim.run("a").status == "running"
 

@@ -80,7 +80,7 @@ def test_a_failed_item_stops_new_items_lets_running_ones_finish_then_fails_the_t
     step = sim.finish("t", envelope("one"), index=1)
     run = sim.run("t")
     assert run.status == "failed"
-    assert run.result == ["bad item", "one", None, None, None]
+    assert run.result == [{"error": "bad item", "exit_code": 1, "stdout": "", "stderr": ""}, "one", None, None, None]
     assert run.error == "1 of 5 items failed; item 0: bad item"
     assert sim.names(step) == ["h"]
     assert {d.index for d in sim.state.dispatches.values() if d.task == "t"} == {0, 1}
@@ -137,3 +137,17 @@ def test_one_child_ending_among_ten_thousand_running_is_one_dispatch_change() ->
     assert [d.index for d in step.dispatches] == [0]
     assert [c.index for c in step.children] == [n]
     assert step.tasks == ()
+
+
+def test_retry_when_sees_the_named_item() -> None:
+    spec = wf(
+        task(
+            "t",
+            with_items=WithItems([{"h": "a"}, {"h": "b"}], var="x"),
+            retry=RetrySpec(count=1, when="<% item(x).h = 'b' %>"),
+        )
+    )
+    sim = Sim(spec)
+    sim.start()
+    assert sim.finish("t", None, "failed", index=0).children == ()
+    assert [c.index for c in sim.finish("t", None, "failed", index=1).children] == [1]

@@ -1,5 +1,6 @@
 """The dashboard: server-rendered pages (Jinja2, autoescaped) at ``/``, ``/executions``,
-``/workers`` and ``/dead-letters``, kept live by a small script that polls HTML fragments
+``/workers``, ``/dead-letters`` and ``/inquiries`` (with an answer form generated from
+each inquiry's schema), kept live by a small script that polls HTML fragments
 of the same templates (``/_live/...``) and patches the page in place. Sign-in takes an
 API token and keeps it in an HttpOnly, SameSite=Strict cookie; state changes go through
 ``/api/v1`` with ``fetch`` (the cookie authenticates; ``auth.py`` requires the dashboard's

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from conveyor.api.dashboard.forms import answer_fields
 from conveyor.api.dashboard.web import pretty
+from conveyor.api.dashboard.workflow_views import workflow_of
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.status import TERMINAL, ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
@@ -167,7 +169,7 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
     final = row["status"] in FINISHED and all(a["ended"] is not None for a in attempts)
     return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
-            "output": _output(row["result"]), "final": final}  # fmt: skip
+            "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid)}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:
@@ -180,3 +182,25 @@ async def dead_letters(conn: Any, filters: DeadLetterFilters) -> dict[str, Any]:
     rows = await (await conn.execute(Q["list_dead_letters"], params)).fetchall()
     stats = await (await conn.execute(Q["dead_letter_stats"])).fetchone()
     return {"dead_letters": rows, "stats": stats, "limit": PAGE}
+
+
+# -- inquiries ------------------------------------------------------------------------------
+
+INQUIRY_STATUSES = ("pending", "responded", "timeout", "cancelled")
+
+
+async def inquiries(conn: Any, status: str | None) -> dict[str, Any]:
+    """The newest inquiries of ``status`` (None: any)."""
+    params = {"status": status, "before": None, "limit": PAGE}
+    rows = await (await conn.execute(Q["list_inquiries"], params)).fetchall()
+    return {"inquiries": rows, "status": status, "limit": PAGE, "statuses": INQUIRY_STATUSES}
+
+
+async def inquiry(conn: Any, iid: int) -> dict[str, Any]:
+    row = await (await conn.execute(Q["get_inquiry"], {"id": iid})).fetchone()
+    if row is None:
+        raise NotFound(f"no inquiry {iid}")
+    responses = await (await conn.execute(Q["inquiry_responses"], {"id": iid})).fetchall()
+    return {"inquiry": row, "responses": responses, "fields": answer_fields(row["schema"]),
+            "schema_text": pretty(row["schema"]), "response_text": pretty(row["response"]),
+            "final": row["status"] != "pending"}  # fmt: skip

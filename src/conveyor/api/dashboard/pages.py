@@ -1,5 +1,6 @@
-"""The dashboard's pages, and their live parts: ``/_live/<page>`` renders the same partial
-template the page includes, for the page's script to patch in place (every 1.5 s)."""
+"""The dashboard's pages (overview, executions, workers, dead letters, inquiries), and
+their live parts: ``/_live/<page>`` renders the same partial template the page includes,
+for the page's script to patch in place (every 1.5 s)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from conveyor.api.context import context
-from conveyor.api.dashboard import data
+from conveyor.api.dashboard import data, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
@@ -162,3 +163,64 @@ async def dead_letters(request: Request) -> Response:
 @router.get("/_live/dead-letters")
 async def dead_letters_live(request: Request) -> Response:
     return await _view(request, "dead_letters.html", _dead_letters_loader(request), live=True)
+
+
+# -- workflows ------------------------------------------------------------------------------
+
+
+@router.get("/workflows")
+async def workflows(request: Request) -> Response:
+    return await _view(request, "workflows.html", workflow_views.workflows)
+
+
+@router.get("/workflows/{ref}")
+async def workflow(request: Request, ref: str) -> Response:
+    async def load(conn: Any) -> dict[str, Any]:
+        values = await workflow_views.workflow(conn, ref)
+        if values is None:
+            raise NotFound(f"no workflow {ref}")
+        return values
+
+    return await _view(request, "workflow.html", load)
+
+
+# -- inquiries ------------------------------------------------------------------------------
+
+
+def _inquiries_loader(request: Request) -> Loader:
+    raw = request.query_params.get("status", "pending")
+    status = raw if raw in data.INQUIRY_STATUSES else None  # "any" (or anything else): every status
+
+    async def load(conn: Any) -> dict[str, Any]:
+        return await data.inquiries(conn, status)
+
+    return load
+
+
+@router.get("/inquiries")
+async def inquiries(request: Request) -> Response:
+    return await _view(request, "inquiries.html", _inquiries_loader(request))
+
+
+@router.get("/_live/inquiries")
+async def inquiries_live(request: Request) -> Response:
+    return await _view(request, "inquiries.html", _inquiries_loader(request), live=True)
+
+
+def _inquiry_loader(inquiry_id: str) -> Loader:
+    async def load(conn: Any) -> dict[str, Any]:
+        if not inquiry_id.isdigit() or not 1 <= int(inquiry_id) <= 2**62:
+            raise NotFound(f"no inquiry {inquiry_id}")
+        return await data.inquiry(conn, int(inquiry_id))
+
+    return load
+
+
+@router.get("/inquiries/{inquiry_id}")
+async def inquiry(request: Request, inquiry_id: str) -> Response:
+    return await _view(request, "inquiry.html", _inquiry_loader(inquiry_id))
+
+
+@router.get("/_live/inquiries/{inquiry_id}")
+async def inquiry_live(request: Request, inquiry_id: str) -> Response:
+    return await _view(request, "inquiry.html", _inquiry_loader(inquiry_id), live=True)

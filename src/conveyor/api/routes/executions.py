@@ -20,6 +20,7 @@ from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import ClientGoneError
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
+from conveyor.api.workflow_schemas import CancelIn, RerunIn
 from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
 from conveyor.domain.models import summary_fields
@@ -62,13 +63,16 @@ IdempotencyKey = Annotated[
 
 
 async def request_execution(
-    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None
+    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None, by: str | None = None
 ) -> tuple[int, bool]:
-    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated)."""
+    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated).
+    ``by``: the requester (the token's name), recorded as execution.requested_by."""
     action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
     if action is None:
         raise UnknownActionError(ref)
     verbs.validate_parameters(ref, action["parameters_schema"], parameters)
+    if by is not None:
+        await conn.execute(Q["set_requested_by"], {"by": by})
     # A savepoint: a refusal by the database's own checks (CVA01/CVA02/CVA03) leaves the
     # connection usable.
     with verbs.refusals(action_ref=ref):
@@ -93,13 +97,18 @@ async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut, responses=CREATE_RESPONSES)
 async def create(
-    body: ExecutionRequest, ctx: Ctx, _: Operator, request: Request, response: Response, key: IdempotencyKey = None
+    body: ExecutionRequest,
+    ctx: Ctx,
+    principal: Operator,
+    request: Request,
+    response: Response,
+    key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Request an execution (``requested``); it is validated against the action's parameter schema.
     With an ``Idempotency-Key``, a retry with the same key and body answers 200 with the
     execution of the first try (for at least 24 h) instead of creating another."""
     async with ctx.pool.connection() as conn:
-        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key)
+        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key, principal.name)
         # Not committed for a client that has hung up (it gave up waiting and may retry):
         # the pool connection's transaction commits only when this block ends.
         if await request.is_disconnected():
@@ -222,30 +231,46 @@ def _json_default(value: Any) -> Any:
 
 @router.get("/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
 async def get(execution_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    return await get_execution(ctx, _valid_id(execution_id))
+    return await get_execution(ctx, valid_id(execution_id))
 
 
-def _valid_id(eid: int) -> int:
+def valid_id(eid: int) -> int:
     if not 1 <= eid <= 2**62:
         raise ExecutionNotFoundError(eid)
     return eid
 
 
 @router.post("/{execution_id}/cancel", response_model=CancelOut, responses={**ERRORS, 409: {"model": ErrorOut}})
-async def cancel(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
+async def cancel(execution_id: int, ctx: Ctx, principal: Operator, body: CancelIn | None = None) -> dict[str, Any]:
     """Not started yet: ``cancelled`` at once. Running: ``canceling``, then ``cancelled`` once
-    its worker stopped it (process group killed). Finished: 409."""
-    eid = _valid_id(execution_id)
+    its worker stopped it (process group killed). Finished: 409. A running workflow is
+    ``canceling`` until its children settle: body ``{"policy": "cancel_running"}`` cancels
+    them, ``allow_finish`` (the default) lets them finish."""
+    eid = valid_id(execution_id)
+    policy = body.policy if body else None
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
+        if policy is None:
+            row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
+        else:
+            params = {"id": eid, "by": principal.name, "policy": policy}
+            row = await (await conn.execute(Q["cancel_workflow"], params)).fetchone()
     return {"id": eid, "status": verbs.cancelled(eid, row)}
 
 
 @router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,
-             responses=ERRORS)  # fmt: skip
-async def rerun(execution_id: int, ctx: Ctx, _: Operator) -> dict[str, Any]:
-    """A new execution of the same action with the same parameters."""
-    original = await get_execution(ctx, _valid_id(execution_id))
+             responses={**ERRORS, 409: {"model": ErrorOut}})  # fmt: skip
+async def rerun(execution_id: int, ctx: Ctx, principal: Operator, body: RerunIn | None = None) -> dict[str, Any]:
+    """A new execution of the same action with the same parameters. With body
+    ``{"from_failed": true}``, a failed (or cancelled) workflow from its failed tasks,
+    keeping the results of the tasks that completed (409 if it has not failed)."""
+    eid = valid_id(execution_id)
+    if body is not None and body.from_failed:
+        async with ctx.pool.connection() as conn:
+            with verbs.refusals():
+                params = {"id": eid, "from_failed": True, "by": principal.name}
+                row = await (await conn.execute(Q["rerun_execution"], params)).fetchone()
+        return await get_execution(ctx, verbs.rerun_started(eid, row))
+    original = await get_execution(ctx, eid)
     async with ctx.pool.connection() as conn:
-        eid = (await request_execution(conn, original["action_ref"], original["parameters"]))[0]
-    return await get_execution(ctx, eid)
+        new_id = (await request_execution(conn, original["action_ref"], original["parameters"], by=principal.name))[0]
+    return await get_execution(ctx, new_id)

@@ -241,6 +241,43 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.ask_inquiries(ids bigint[], executor text) RETURNS TABLE(execution bigint, inquiry bigint, created boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH asking AS (
+        SELECT e.id, e.parameters AS p FROM execution e
+        WHERE e.id = ANY(ask_inquiries.ids) AND e.status = 'scheduling' AND e.executor = ask_inquiries.executor
+        ORDER BY e.id
+        FOR NO KEY UPDATE OF e
+    ), inserted AS (
+        INSERT INTO inquiry AS i (execution, prompt, schema, assignees, quorum, forbid_requester, requester,
+                                  ttl, deadline, on_timeout)
+        SELECT a.id, a.p ->> 'prompt', coalesce(a.p -> 'schema', '{}'),
+               ARRAY(SELECT jsonb_array_elements_text(coalesce(a.p -> 'assignees', '[]'))),
+               coalesce((a.p ->> 'quorum')::numeric::integer, 1),
+               coalesce((a.p ->> 'forbid_requester')::boolean, false),
+               root_requester(a.id),
+               (a.p ->> 'ttl')::float8,
+               now() + make_interval(secs => (a.p ->> 'ttl')::float8),
+               coalesce(a.p -> 'on_timeout', '"fail"')
+        FROM asking a ORDER BY a.id
+        ON CONFLICT ON CONSTRAINT uq_inquiry_execution DO NOTHING
+        RETURNING i.id, i.execution
+    ), moved AS (
+        UPDATE execution e SET status = 'pending', started = now(), not_before = NULL
+        FROM asking WHERE e.id = asking.id AND e.status = 'scheduling'
+        RETURNING e.id
+    )
+    SELECT m.id, coalesce(n.id, (SELECT i.id FROM inquiry i WHERE i.execution = m.id)), n.id IS NOT NULL
+    FROM moved m LEFT JOIN inserted n ON n.execution = m.id
+    ORDER BY m.id;
+END
+$$;
+
 CREATE FUNCTION conveyor.cancel_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text, worker bigint)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -274,7 +311,8 @@ BEGIN
                           ELSE jsonb_build_object('succeeded', false, 'error', 'cancelled by ' || p_by,
                                                   'failed_by', 'api') END
         FROM target
-        WHERE e.id = target.id AND target.status IN ('requested', 'scheduling', 'scheduled', 'running')
+        -- (0014) 'pending': an inquiry waiting for its answer is cancelled at once.
+        WHERE e.id = target.id AND target.status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending')
         RETURNING e.id, e.status, e.worker, e.attempt, target.status AS was
     ), closed AS (
         UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled', error = 'cancelled by ' || p_by
@@ -284,6 +322,12 @@ BEGIN
            coalesce(moved.status, CASE WHEN target.status = 'canceling' THEN 'canceling' END),
            coalesce(moved.worker, target.worker)
     FROM target LEFT JOIN moved ON moved.id = target.id;
+    -- == (0014) Inquiries: the inquiry of an execution cancelled while pending is
+    -- cancelled with it, in this transaction (locks: execution, then inquiry, as
+    -- respond_inquiry and expire_inquiries take them). ==
+    UPDATE inquiry i SET status = 'cancelled', updated = now()
+    FROM execution e
+    WHERE i.execution = p_id AND i.status = 'pending' AND e.id = i.execution AND e.status = 'cancelled';
 END
 $$;
 
@@ -495,6 +539,58 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.expire_inquiries(p_limit integer DEFAULT 1000) RETURNS TABLE(inquiry bigint, execution bigint, outcome text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    d record;
+    who text[];
+    answers jsonb;
+    fallback jsonb;
+BEGIN
+    FOR d IN SELECT i.id, i.execution, i.on_timeout, i.ttl, e.status AS execution_status
+             FROM inquiry i JOIN execution e ON e.id = i.execution
+             WHERE i.status = 'pending'
+               AND (i.deadline <= now() OR e.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned'))
+             ORDER BY i.id
+             LIMIT p_limit
+             FOR NO KEY UPDATE OF e SKIP LOCKED
+             FOR UPDATE OF i SKIP LOCKED LOOP
+        IF d.execution_status <> 'pending' THEN
+            UPDATE inquiry i SET status = 'cancelled', updated = now() WHERE i.id = d.id;
+            RETURN QUERY SELECT d.id, d.execution, 'closed'::text;
+        ELSIF d.on_timeout = '"fail"' THEN
+            UPDATE inquiry i SET status = 'timeout', updated = now() WHERE i.id = d.id;
+            UPDATE execution e
+            SET status = 'timeout', ended = now(),
+                result = jsonb_build_object(
+                    'succeeded', false, 'failed_by', 'inquiry',
+                    'error', format('inquiry %s was not answered within its ttl of %s s', d.id, d.ttl))
+            WHERE e.id = d.execution AND e.status = 'pending';
+            RETURN QUERY SELECT d.id, d.execution, 'timeout'::text;
+        ELSE
+            fallback := d.on_timeout -> 'default';
+            INSERT INTO inquiry_response (inquiry, responder, role, data)
+            VALUES (d.id, 'ttl', NULL, fallback)
+            ON CONFLICT ON CONSTRAINT uq_inquiry_response_responder DO NOTHING;
+            who := ARRAY(SELECT r.responder FROM inquiry_response r WHERE r.inquiry = d.id ORDER BY r.id);
+            SELECT jsonb_agg(jsonb_build_object('responder', r.responder, 'data', r.data) ORDER BY r.id)
+            INTO answers FROM inquiry_response r WHERE r.inquiry = d.id;
+            UPDATE inquiry i SET status = 'responded', response = fallback, responded = now(), updated = now()
+            WHERE i.id = d.id;
+            UPDATE execution e
+            SET status = 'completed', ended = now(),
+                result = jsonb_build_object('succeeded', true, 'response', fallback, 'responders', to_jsonb(who),
+                                            'responses', answers, 'timed_out', true)
+            WHERE e.id = d.execution AND e.status = 'pending';
+            RETURN QUERY SELECT d.id, d.execution, 'default'::text;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION conveyor.hand_back_scheduled(p_worker bigint) RETURNS TABLE(id bigint, worker bigint, attempt integer, worker_name text)
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -515,6 +611,27 @@ CREATE FUNCTION conveyor.hand_back_scheduled(p_worker bigint) RETURNS TABLE(id b
     FROM back
     WHERE e.id = back.id AND e.status = 'scheduled' AND e.attempt = back.attempt
     RETURNING e.id, back.worker, back.attempt, back.worker_name
+$$;
+
+CREATE FUNCTION conveyor.inquiry_role_rank(p_role text) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE p_role WHEN 'viewer' THEN 1 WHEN 'operator' THEN 2 WHEN 'admin' THEN 3 END
+$$;
+
+CREATE FUNCTION conveyor.inquiry_wake_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    asked bigint[];
+BEGIN
+    SELECT array_agg(execution ORDER BY execution) INTO asked FROM inserted;
+    IF asked IS NOT NULL THEN
+        PERFORM wake('inquiry', asked);
+    END IF;
+    RETURN NULL;
+END
 $$;
 
 CREATE FUNCTION conveyor.json_type_matches(value jsonb, expected text) RETURNS boolean
@@ -758,6 +875,67 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.respond_inquiry(p_id bigint, p_responder text, p_role text, p_data jsonb) RETURNS TABLE(outcome text, inquiry bigint, execution bigint, status text, responders text[])
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    eid bigint;
+    q inquiry;
+    execution_status text;
+    who text[];
+    answers jsonb;
+BEGIN
+    SELECT i.execution INTO eid FROM inquiry i WHERE i.id = p_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', p_id, NULL::bigint, NULL::text, NULL::text[];
+        RETURN;
+    END IF;
+    -- Execution first, then inquiry: the order cancel_execution and expire_inquiries use.
+    -- Concurrent answers queue here; each then sees what the one before it did.
+    SELECT e.status INTO execution_status FROM execution e WHERE e.id = eid FOR NO KEY UPDATE;
+    SELECT * INTO q FROM inquiry i WHERE i.id = p_id FOR UPDATE;
+    who := ARRAY(SELECT r.responder FROM inquiry_response r WHERE r.inquiry = p_id ORDER BY r.id);
+    IF q.status <> 'pending' OR execution_status IS DISTINCT FROM 'pending' THEN
+        RETURN QUERY SELECT 'not_pending', p_id, eid, q.status, who;
+        RETURN;
+    END IF;
+    IF NOT (p_responder = ANY(q.assignees)
+            OR (cardinality(q.assignees) = 0 AND coalesce(inquiry_role_rank(p_role), 0) >= inquiry_role_rank('operator'))
+            OR EXISTS (SELECT 1 FROM unnest(q.assignees) a
+                       WHERE coalesce(inquiry_role_rank(p_role), 0) >= inquiry_role_rank(a))) THEN
+        RETURN QUERY SELECT 'not_assignee', p_id, eid, q.status, who;
+        RETURN;
+    END IF;
+    IF q.forbid_requester AND q.requester IS NOT NULL AND q.requester = p_responder THEN
+        RETURN QUERY SELECT 'requester_forbidden', p_id, eid, q.status, who;
+        RETURN;
+    END IF;
+    IF p_responder = ANY(who) THEN
+        RETURN QUERY SELECT 'already_responded', p_id, eid, q.status, who;
+        RETURN;
+    END IF;
+    INSERT INTO inquiry_response (inquiry, responder, role, data) VALUES (p_id, p_responder, p_role, p_data);
+    who := who || p_responder;
+    IF cardinality(who) < q.quorum THEN
+        UPDATE inquiry i SET updated = now() WHERE i.id = p_id;
+        RETURN QUERY SELECT 'recorded', p_id, eid, q.status, who;
+        RETURN;
+    END IF;
+    SELECT jsonb_agg(jsonb_build_object('responder', r.responder, 'data', r.data) ORDER BY r.id) INTO answers
+    FROM inquiry_response r WHERE r.inquiry = p_id;
+    UPDATE inquiry i SET status = 'responded', response = p_data, responded = now(), updated = now()
+    WHERE i.id = p_id AND i.status = 'pending';
+    UPDATE execution e
+    SET status = 'completed', ended = now(),
+        result = jsonb_build_object('succeeded', true, 'response', p_data, 'responders', to_jsonb(who),
+                                    'responses', answers)
+    WHERE e.id = eid AND e.status = 'pending';
+    RETURN QUERY SELECT 'answered', p_id, eid, 'responded'::text, who;
+END
+$$;
+
 CREATE FUNCTION conveyor.resume_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -781,6 +959,20 @@ BEGIN
     VALUES (wf_id, 'resume', jsonb_build_object('by', p_by));
     RETURN QUERY SELECT p_id, current, 'running'::text;
 END
+$$;
+
+CREATE FUNCTION conveyor.root_requester(p_execution bigint) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    WITH RECURSIVE up AS (
+        SELECT e.id, e.parent, e.requested_by, 0 AS depth FROM execution e WHERE e.id = p_execution
+        UNION ALL
+        SELECT p.id, p.parent, p.requested_by, up.depth + 1
+        FROM up JOIN execution p ON p.id = up.parent
+        WHERE up.depth < 100
+    )
+    SELECT requested_by FROM up ORDER BY depth DESC LIMIT 1
 $$;
 
 CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integer, p_parameters text[], p_method text) RETURNS SETOF conveyor.admission_policy
@@ -957,12 +1149,11 @@ DECLARE
     route text;
     w bigint;
 BEGIN
-    IF topic = 'workflow' THEN
-        PERFORM pg_notify(current_schema() || '.workflow', '');
-        RETURN;
-    END IF;
     SELECT r.transport INTO route FROM transport_route r;
-    IF topic = 'requested' THEN
+    IF topic = 'workflow' THEN
+        -- (0013) Workflow executions have events to apply.
+        PERFORM pg_notify(current_schema() || '.workflow', '');
+    ELSIF topic = 'requested' THEN
         PERFORM pg_notify(current_schema() || '.requested', '');
     ELSIF topic = 'completed' THEN
         PERFORM pg_notify(current_schema() || '.completed', wake_payload(execution_ids));
@@ -997,6 +1188,8 @@ BEGIN
         END IF;
     ELSIF topic = 'worker' THEN
         IF route = 'rabbitmq' THEN
+            -- The message says "look now", as every message does: the worker finds the
+            -- cancel in its rows (a copy dead-lettered later is resolved stale).
             INSERT INTO outbox (exchange, routing_key, message_type, payload)
             SELECT 'executions', 'execution.scheduled.worker.' || e.worker, 'execution.scheduled',
                    jsonb_build_object('execution_id', e.id, 'attempt', e.attempt, 'worker_id', e.worker,
@@ -1008,6 +1201,18 @@ BEGIN
             FOR w IN SELECT DISTINCT x FROM unnest(worker_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
                 PERFORM pg_notify(current_schema() || '.worker.' || w, '');
             END LOOP;
+        END IF;
+    ELSIF topic = 'inquiry' THEN
+        -- (0014) The inquiries of these asking executions were created.
+        PERFORM pg_notify(current_schema() || '.inquiry', wake_payload(ARRAY(
+            SELECT i.id FROM inquiry i WHERE i.execution = ANY(execution_ids) ORDER BY i.id)));
+        IF route = 'rabbitmq' THEN
+            INSERT INTO outbox (exchange, routing_key, message_type, payload)
+            VALUES ('executions', 'inquiry.created', 'inquiry.created',
+                    jsonb_build_object('inquiry_ids', to_jsonb(ARRAY(
+                                           SELECT i.id FROM inquiry i WHERE i.execution = ANY(execution_ids)
+                                           ORDER BY i.id)),
+                                       'execution_ids', to_jsonb(execution_ids)));
         END IF;
     ELSE
         RAISE EXCEPTION 'unknown wake-up topic %', topic;
@@ -1200,6 +1405,7 @@ CREATE TABLE conveyor.execution (
     ended timestamp with time zone,
     not_before timestamp with time zone,
     cancelled_by text,
+    requested_by text DEFAULT NULLIF(current_setting('conveyor.requested_by'::text, true), ''::text),
     CONSTRAINT execution_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT execution_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'scheduling'::text, 'scheduled'::text, 'running'::text, 'pending'::text, 'paused'::text, 'completed'::text, 'failed'::text, 'canceling'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))
 );
@@ -1261,6 +1467,56 @@ CREATE TABLE conveyor.execution_transition (
     from_status text NOT NULL,
     to_status text NOT NULL
 );
+
+CREATE TABLE conveyor.inquiry (
+    id bigint NOT NULL,
+    execution bigint NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    prompt text NOT NULL,
+    schema jsonb DEFAULT '{}'::jsonb NOT NULL,
+    assignees text[] DEFAULT '{}'::text[] NOT NULL,
+    quorum integer DEFAULT 1 NOT NULL,
+    forbid_requester boolean DEFAULT false NOT NULL,
+    requester text,
+    ttl double precision,
+    deadline timestamp with time zone,
+    on_timeout jsonb DEFAULT '"fail"'::jsonb NOT NULL,
+    response jsonb,
+    responded timestamp with time zone,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT inquiry_on_timeout_check CHECK (((on_timeout = '"fail"'::jsonb) OR ((jsonb_typeof(on_timeout) = 'object'::text) AND (on_timeout ? 'default'::text)))),
+    CONSTRAINT inquiry_quorum_check CHECK ((quorum >= 1)),
+    CONSTRAINT inquiry_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'responded'::text, 'timeout'::text, 'cancelled'::text]))),
+    CONSTRAINT inquiry_ttl_check CHECK ((ttl > (0)::double precision))
+);
+
+CREATE SEQUENCE conveyor.inquiry_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.inquiry_id_seq OWNED BY conveyor.inquiry.id;
+
+CREATE TABLE conveyor.inquiry_response (
+    id bigint NOT NULL,
+    inquiry bigint NOT NULL,
+    responder text NOT NULL,
+    role text,
+    data jsonb NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE SEQUENCE conveyor.inquiry_response_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE conveyor.inquiry_response_id_seq OWNED BY conveyor.inquiry_response.id;
 
 CREATE TABLE conveyor.outbox (
     id bigint NOT NULL,
@@ -1453,6 +1709,10 @@ ALTER TABLE ONLY conveyor.dead_letter ALTER COLUMN id SET DEFAULT nextval('conve
 
 ALTER TABLE ONLY conveyor.execution ALTER COLUMN id SET DEFAULT nextval('conveyor.execution_id_seq'::regclass);
 
+ALTER TABLE ONLY conveyor.inquiry ALTER COLUMN id SET DEFAULT nextval('conveyor.inquiry_id_seq'::regclass);
+
+ALTER TABLE ONLY conveyor.inquiry_response ALTER COLUMN id SET DEFAULT nextval('conveyor.inquiry_response_id_seq'::regclass);
+
 ALTER TABLE ONLY conveyor.outbox ALTER COLUMN id SET DEFAULT nextval('conveyor.outbox_id_seq'::regclass);
 
 ALTER TABLE ONLY conveyor.worker ALTER COLUMN id SET DEFAULT nextval('conveyor.worker_id_seq'::regclass);
@@ -1505,6 +1765,12 @@ ALTER TABLE ONLY conveyor.execution
 ALTER TABLE ONLY conveyor.execution_transition
     ADD CONSTRAINT execution_transition_pkey PRIMARY KEY (from_status, to_status);
 
+ALTER TABLE ONLY conveyor.inquiry
+    ADD CONSTRAINT inquiry_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.inquiry_response
+    ADD CONSTRAINT inquiry_response_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY conveyor.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
@@ -1516,6 +1782,12 @@ ALTER TABLE ONLY conveyor.server_epoch
 
 ALTER TABLE ONLY conveyor.transport_route
     ADD CONSTRAINT transport_route_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY conveyor.inquiry
+    ADD CONSTRAINT uq_inquiry_execution UNIQUE (execution);
+
+ALTER TABLE ONLY conveyor.inquiry_response
+    ADD CONSTRAINT uq_inquiry_response_responder UNIQUE (inquiry, responder);
 
 ALTER TABLE ONLY conveyor.workflow_execution
     ADD CONSTRAINT uq_workflow_execution_execution UNIQUE (execution);
@@ -1563,9 +1835,15 @@ CREATE INDEX execution_on_worker_idx ON conveyor.execution USING btree (worker, 
 
 CREATE INDEX execution_parent_idx ON conveyor.execution USING btree (parent) WHERE (parent IS NOT NULL);
 
+CREATE INDEX execution_requested_action_idx ON conveyor.execution USING btree (action_ref, id) WHERE (status = 'requested'::text);
+
 CREATE INDEX execution_requested_idx ON conveyor.execution USING btree (id) WHERE (status = 'requested'::text);
 
 CREATE INDEX execution_status_updated_idx ON conveyor.execution USING btree (status, updated);
+
+CREATE INDEX inquiry_pending_deadline_idx ON conveyor.inquiry USING btree (deadline) WHERE (status = 'pending'::text);
+
+CREATE INDEX inquiry_status_idx ON conveyor.inquiry USING btree (status, id);
 
 CREATE INDEX outbox_execution_idx ON conveyor.outbox USING btree (execution) WHERE (execution IS NOT NULL);
 
@@ -1600,6 +1878,8 @@ CREATE TRIGGER execution_guard BEFORE INSERT OR UPDATE ON conveyor.execution FOR
 CREATE TRIGGER execution_wake_changed AFTER UPDATE ON conveyor.execution REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows FOR EACH STATEMENT EXECUTE FUNCTION conveyor.execution_wake_changed();
 
 CREATE TRIGGER execution_wake_inserted AFTER INSERT ON conveyor.execution REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION conveyor.execution_wake_inserted();
+
+CREATE TRIGGER inquiry_wake_inserted AFTER INSERT ON conveyor.inquiry REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION conveyor.inquiry_wake_inserted();
 
 CREATE TRIGGER outbox_wake AFTER INSERT ON conveyor.outbox FOR EACH STATEMENT EXECUTE FUNCTION conveyor.outbox_wake();
 
@@ -1647,6 +1927,12 @@ ALTER TABLE ONLY conveyor.execution
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_worker_fkey FOREIGN KEY (worker) REFERENCES conveyor.worker(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.inquiry
+    ADD CONSTRAINT inquiry_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.inquiry_response
+    ADD CONSTRAINT inquiry_response_inquiry_fkey FOREIGN KEY (inquiry) REFERENCES conveyor.inquiry(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY conveyor.workflow_definition
     ADD CONSTRAINT workflow_definition_ref_fkey FOREIGN KEY (ref) REFERENCES conveyor.action(ref) ON DELETE CASCADE;

@@ -180,6 +180,64 @@
     });
   }
 
+  // -- an inquiry's answer: its fields (generated from the schema by the server) or the JSON
+  // text area, posted to the same verb the API and CLI use; the server checks the schema.
+  const answerForm = document.getElementById("inquiry-form");
+  if (answerForm) {
+    const message = document.getElementById("inquiry-message");
+    const submit = document.getElementById("inquiry-submit");
+
+    const collect = () => {
+      if (answerForm.dataset.mode === "json") {
+        const text = document.getElementById("answer-json").value.trim();
+        try {
+          return { ok: true, data: JSON.parse(text) };
+        } catch (err) {
+          return { ok: false, error: `The answer is not valid JSON: ${err.message}` };
+        }
+      }
+      let data = {};
+      for (const input of answerForm.querySelectorAll("[data-field]")) {
+        const raw = input.value.trim();
+        if (raw === "") continue; // left out: the schema's "required" speaks for it
+        let value = raw;
+        if (input.dataset.kind === "choice") value = JSON.parse(raw);
+        else if (input.dataset.kind === "number" || input.dataset.kind === "integer") value = Number(raw);
+        if (input.dataset.field === "") data = value; // the schema is one value, not an object
+        else data[input.dataset.field] = value;
+      }
+      return { ok: true, data };
+    };
+
+    answerForm.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const answer = collect();
+      if (!answer.ok) {
+        show(message, "error", answer.error);
+        return;
+      }
+      submit.disabled = true;
+      show(message, "busy", "Sending…");
+      try {
+        const response = await post(`/api/v1/inquiries/${answerForm.dataset.inquiry}/respond`, { data: answer.data });
+        if (!response.ok) {
+          show(message, "error", `Refused: ${await apiError(response)}`);
+          return;
+        }
+        const body = await response.json();
+        const text = body.outcome === "answered"
+          ? "Answered: the execution goes on."
+          : `Recorded (${body.responders.length} so far): more answers are needed.`;
+        show(message, "ok", text);
+        tick();
+      } catch (err) {
+        show(message, "error", `Could not reach the API: ${err.message}`);
+      } finally {
+        submit.disabled = false;
+      }
+    });
+  }
+
   const workerMessage = document.getElementById("worker-message");
   document.addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-worker-action]");

@@ -3,15 +3,13 @@
 -- oldest first, skipping rows another replica holds: only those that a worker with
 -- a free slot can run (its code is there, or it offers the subprocess runtime), and
 -- not those waiting for admission (an admission policy's queue holds them back).
--- Workflows need no worker: the round starts them itself (start_workflows).
 WITH picked AS (
     SELECT e.id FROM execution e JOIN action a ON a.ref = e.action_ref
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
       AND (e.action_ref = ANY(%(refs)s::text[])
-           OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[]))
-           OR a.runner_type = 'workflow')
+           OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
@@ -38,10 +36,10 @@ WITH picked AS (
     WHERE e.status = 'requested'
       AND (e.not_before IS NULL OR e.not_before <= now())
       AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
-      AND (a.runner_type = 'workflow'
-           OR (e.created <= now() - make_interval(secs => %(grace)s)
-               AND NOT (e.action_ref = ANY(%(refs)s::text[])
-                        OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))))
+      -- Only what a worker would run: workflows and inquiries need none (claim_executor_run claims them).
+      AND a.runner_type IN ('python', 'subprocess')
+      AND NOT (e.action_ref = ANY(%(refs)s::text[])
+               OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[])))
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED

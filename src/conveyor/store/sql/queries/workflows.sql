@@ -15,66 +15,79 @@ LIMIT %(limit)s;
 -- Advancement is serialized per workflow: this transaction-scoped advisory lock, then
 -- the row lock (workflow_lock). A replica that finds it taken skips the workflow: the
 -- holder applies every event it reads, and one that arrives after its read is found by
--- its next pass (a full pass runs again at once) or by any replica's poll.
-SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || %(id)s, 0)) AS locked;
+-- its next pass (a full pass runs again at once) or by any replica's poll. Returns the
+-- ids locked (taken in id order: two replicas' batches never wait on each other).
+SELECT x.id FROM (SELECT DISTINCT id FROM unnest(%(ids)s::bigint[]) AS u(id) ORDER BY id) x
+WHERE pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || x.id, 0));
 
 -- name: workflow_lock
--- The workflow's state row, locked until commit, with its execution's status and
--- parameters (the 'start' event's) and its definition's version.
+-- The workflows' state rows, locked until commit, with their executions' status and
+-- parameters (the 'start' event's) and their definitions' versions. row_version is the
+-- row's xmin, which any update changes: the executor's cache of a workflow's task and
+-- dispatch rows is valid while it matches, as every change of those rows (advancement,
+-- verbs) updates this row in the same transaction.
 SELECT w.id, w.execution, w.workflow_ref, w.version, w.status, w.context, w.errors, w.cancel_policy,
-       e.status AS execution_status, e.parameters, e.cancelled_by
+       w.xmin::text AS row_version, e.status AS execution_status, e.parameters, e.cancelled_by
 FROM workflow_execution w JOIN execution e ON e.id = w.execution
-WHERE w.id = %(id)s
+WHERE w.id = ANY(%(ids)s::bigint[])
+ORDER BY w.id
 FOR UPDATE OF w;
 
 -- name: workflow_definition
 -- One version of a definition (immutable: cached by the executor).
 SELECT definition FROM workflow_definition WHERE ref = %(ref)s AND version = %(version)s;
 
+-- name: workflow_existing_actions
+-- Which of these action refs exist (children of unknown actions fail their workflow).
+SELECT ref FROM action WHERE ref = ANY(%(refs)s::text[]);
+
 -- name: workflow_events
--- The workflow's events in order; a child's end with its dispatch (matched on the
+-- The workflows' events in order; a child's end with its dispatch (matched on the
 -- child being the dispatch's current execution: an earlier child of a retried chain
 -- matches nothing) and the child's status and result.
-SELECT ev.id, ev.kind, ev.execution, ev.payload,
+SELECT ev.id, ev.workflow_execution, ev.kind, ev.execution, ev.payload,
        d.task_name, d.iteration, d.task_index, c.status AS child_status, c.result AS child_result
 FROM workflow_event ev
 LEFT JOIN workflow_task_dispatch d ON d.workflow_execution = ev.workflow_execution AND d.execution = ev.execution
 LEFT JOIN execution c ON c.id = ev.execution
-WHERE ev.workflow_execution = %(id)s
-ORDER BY ev.id;
+WHERE ev.workflow_execution = ANY(%(ids)s::bigint[])
+ORDER BY ev.workflow_execution, ev.id;
 
 -- name: workflow_tasks
-SELECT task_name, iteration, status, arrivals, items_total, result, error, items, concurrency
-FROM workflow_task WHERE workflow_execution = %(id)s;
+-- The workflows' task instances.
+SELECT workflow_execution, task_name, iteration, status, arrivals, items_total, result, error, items, concurrency
+FROM workflow_task WHERE workflow_execution = ANY(%(ids)s::bigint[]);
 
 -- name: workflow_dispatches
-SELECT task_name, iteration, task_index, execution, retry, status, result
-FROM workflow_task_dispatch WHERE workflow_execution = %(id)s;
+-- The workflows' dispatch rows.
+SELECT workflow_execution, task_name, iteration, task_index, execution, retry, status, result
+FROM workflow_task_dispatch WHERE workflow_execution = ANY(%(ids)s::bigint[]);
 
 -- name: workflow_upsert_tasks
--- The decision's task instances, by key.
+-- The decisions' task instances, by key (wids: each row's workflow).
 INSERT INTO workflow_task AS t (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
                                 concurrency, result, error, ended)
-SELECT %(id)s, u.task_name, u.iteration, u.status, ARRAY(SELECT jsonb_array_elements_text(u.arrivals)),
+SELECT u.wid, u.task_name, u.iteration, u.status, ARRAY(SELECT jsonb_array_elements_text(u.arrivals)),
        u.items_total, u.items, u.concurrency, u.result, u.error,
        CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN now() END
-FROM unnest(%(names)s::text[], %(iterations)s::int[], %(statuses)s::text[], %(arrivals)s::jsonb[],
+FROM unnest(%(wids)s::bigint[], %(names)s::text[], %(iterations)s::int[], %(statuses)s::text[], %(arrivals)s::jsonb[],
             %(items_totals)s::int[], %(items)s::jsonb[], %(concurrencies)s::int[], %(results)s::jsonb[],
             %(errors)s::text[])
-     AS u(task_name, iteration, status, arrivals, items_total, items, concurrency, result, error)
+     AS u(wid, task_name, iteration, status, arrivals, items_total, items, concurrency, result, error)
 ON CONFLICT (workflow_execution, task_name, iteration) DO UPDATE
 SET status = EXCLUDED.status, arrivals = EXCLUDED.arrivals, items_total = EXCLUDED.items_total,
-    items = EXCLUDED.items, concurrency = EXCLUDED.concurrency, result = EXCLUDED.result, error = EXCLUDED.error, updated = now(),
+    items = EXCLUDED.items, concurrency = EXCLUDED.concurrency, result = EXCLUDED.result, error = EXCLUDED.error,
+    updated = now(),
     ended = CASE WHEN EXCLUDED.status IN ('succeeded', 'failed', 'cancelled') THEN coalesce(t.ended, now()) END;
 
 -- name: workflow_upsert_dispatches
--- The decision's dispatch rows (ended children: status and result), by key. A dispatch
+-- The decisions' dispatch rows (ended children: status and result), by key. A dispatch
 -- that ended has no deadline left.
 INSERT INTO workflow_task_dispatch AS d (workflow_execution, task_name, iteration, task_index, execution, retry,
                                          status, result)
-SELECT %(id)s, u.* FROM unnest(%(names)s::text[], %(iterations)s::int[], %(indexes)s::int[], %(executions)s::bigint[],
+SELECT u.* FROM unnest(%(wids)s::bigint[], %(names)s::text[], %(iterations)s::int[], %(indexes)s::int[], %(executions)s::bigint[],
                                %(retries)s::int[], %(statuses)s::text[], %(results)s::jsonb[])
-     AS u(task_name, iteration, task_index, execution, retry, status, result)
+     AS u(wid, task_name, iteration, task_index, execution, retry, status, result)
 ON CONFLICT (workflow_execution, task_name, coalesce(task_index, -1), iteration) DO UPDATE
 SET execution = coalesce(EXCLUDED.execution, d.execution), retry = EXCLUDED.retry, status = EXCLUDED.status,
     result = EXCLUDED.result, updated = now(),
@@ -86,29 +99,30 @@ SET execution = coalesce(EXCLUDED.execution, d.execution), retry = EXCLUDED.retr
 -- one) is left alone and not returned: that child exists, none is made twice.
 INSERT INTO workflow_task_dispatch AS d (workflow_execution, task_name, iteration, task_index, retry, status,
                                          deadline)
-SELECT %(id)s, u.task_name, u.iteration, u.task_index, u.retry, 'running',
+SELECT u.wid, u.task_name, u.iteration, u.task_index, u.retry, 'running',
        CASE WHEN u.timeout IS NOT NULL THEN now() + make_interval(secs => u.delay + u.timeout) END
-FROM unnest(%(names)s::text[], %(iterations)s::int[], %(indexes)s::int[], %(retries)s::int[],
+FROM unnest(%(wids)s::bigint[], %(names)s::text[], %(iterations)s::int[], %(indexes)s::int[], %(retries)s::int[],
             %(delays)s::float8[], %(timeouts)s::float8[])
-     AS u(task_name, iteration, task_index, retry, delay, timeout)
+     AS u(wid, task_name, iteration, task_index, retry, delay, timeout)
 ON CONFLICT (workflow_execution, task_name, coalesce(task_index, -1), iteration) DO UPDATE
 SET retry = EXCLUDED.retry, execution = NULL, status = 'running', result = NULL, deadline = EXCLUDED.deadline,
     updated = now()
 WHERE d.retry < EXCLUDED.retry OR d.execution IS NULL
-RETURNING d.id, d.task_name, d.iteration, d.task_index;
+RETURNING d.id, d.workflow_execution, d.task_name, d.iteration, d.task_index;
 
 -- name: workflow_request_children
--- The children themselves (parent: the workflow's execution; a delay is a timer row:
+-- The children themselves (parent: their workflow's execution; a delay is a timer row:
 -- not_before), each made the current execution of its dispatch. Actions that do not
 -- exist are skipped: the caller compares counts and fails the workflow naming them.
 WITH c AS (
     SELECT u.*, nextval(pg_get_serial_sequence('execution', 'id')) AS child
-    FROM unnest(%(dispatches)s::bigint[], %(refs)s::text[], %(parameters)s::jsonb[], %(delays)s::float8[])
-         AS u(dispatch, action_ref, parameters, delay)
+    FROM unnest(%(dispatches)s::bigint[], %(parents)s::bigint[], %(refs)s::text[], %(parameters)s::jsonb[],
+                %(delays)s::float8[])
+         AS u(dispatch, parent, action_ref, parameters, delay)
     JOIN action a ON a.ref = u.action_ref
 ), requested AS (
     INSERT INTO execution (id, action_ref, parameters, parent, not_before)
-    SELECT c.child, c.action_ref, c.parameters, %(parent)s,
+    SELECT c.child, c.action_ref, c.parameters, c.parent,
            CASE WHEN c.delay > 0 THEN now() + make_interval(secs => c.delay) END
     FROM c ORDER BY c.child
     RETURNING id
@@ -121,29 +135,32 @@ RETURNING d.id, d.execution;
 -- name: workflow_cancel_children
 -- The decision's cancels (cancel_running, a task's timeout, a failed with-items task):
 -- through cancel_execution, like any cancel (a sub-workflow cancels its own children).
-SELECT c.* FROM unnest(%(ids)s::bigint[]) AS x(id), LATERAL cancel_execution(x.id, %(by)s) c;
+SELECT c.* FROM unnest(%(ids)s::bigint[], %(bys)s::text[]) AS x(id, by), LATERAL cancel_execution(x.id, x.by) c;
 
 -- name: workflow_update
--- The workflow's state after the decision.
-UPDATE workflow_execution
-SET status = %(status)s, context = %(context)s, output = %(output)s, errors = %(errors)s,
-    cancel_policy = %(cancel_policy)s,
-    deadline = CASE WHEN %(status)s IN ('succeeded', 'failed', 'cancelled') THEN NULL ELSE deadline END
-WHERE id = %(id)s;
+-- The workflows' state after the decisions (row_version: see workflow_lock).
+UPDATE workflow_execution w
+SET status = u.status, context = u.context, output = u.output, errors = u.errors, cancel_policy = u.cancel_policy,
+    deadline = CASE WHEN u.status IN ('succeeded', 'failed', 'cancelled') THEN NULL ELSE w.deadline END
+FROM unnest(%(ids)s::bigint[], %(statuses)s::text[], %(contexts)s::jsonb[], %(outputs)s::jsonb[],
+            %(errors)s::jsonb[], %(cancel_policies)s::text[]) AS u(id, status, context, output, errors, cancel_policy)
+WHERE w.id = u.id
+RETURNING w.id, w.xmin::text AS row_version;
 
 -- name: workflow_resume_execution
 -- A paused workflow that ends goes through running (paused -> completed is no edge of
 -- the graph: a workflow ends from running or canceling).
-UPDATE execution SET status = 'running' WHERE id = %(execution)s AND status = 'paused';
+UPDATE execution SET status = 'running' WHERE id = ANY(%(executions)s::bigint[]) AND status = 'paused';
 
 -- name: workflow_end_execution
--- The workflow's execution ends with the workflow, guarded on the statuses it can end
--- from (canceling can only become cancelled).
-UPDATE execution
-SET status = CASE WHEN status = 'canceling' THEN 'cancelled' ELSE %(status)s END,
-    ended = now(), not_before = NULL, result = %(result)s
-WHERE id = %(execution)s AND status IN ('running', 'canceling')
-RETURNING id, status;
+-- The workflows' executions end with them, guarded on the statuses they can end from
+-- (canceling can only become cancelled).
+UPDATE execution e
+SET status = CASE WHEN e.status = 'canceling' THEN 'cancelled' ELSE u.status END,
+    ended = now(), not_before = NULL, result = u.result
+FROM unnest(%(executions)s::bigint[], %(statuses)s::text[], %(results)s::jsonb[]) AS u(id, status, result)
+WHERE e.id = u.id AND e.status IN ('running', 'canceling')
+RETURNING e.id, e.status;
 
 -- name: workflow_consume_events
 -- The events this advancement applied: gone with its commit, not before.
