@@ -167,7 +167,7 @@ def _completion(conn: Conn, report: Report) -> None:
     unmatched = _rows(
         conn,
         "SELECT e.id, e.attempt FROM execution e JOIN action a ON a.ref = e.action_ref "
-        "WHERE e.status = 'completed' AND a.runner_type <> 'workflow' AND NOT EXISTS ("
+        "WHERE e.status = 'completed' AND a.runner_type NOT IN ('workflow', 'inquiry') AND NOT EXISTS ("
         "  SELECT 1 FROM execution_attempt t WHERE t.execution = e.id AND t.attempt = e.attempt"
         "  AND t.outcome = 'completed')",
     )

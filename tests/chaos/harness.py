@@ -297,12 +297,13 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         submitter = Submitter(db_url, config.rate, rng.randrange(1 << 30))
         canceller = Canceller(db_url, config.cancel_every, rng.randrange(1 << 30))
         notify_dupes = NotifyDuplicator(db_url)
+        bot = chaos_workflows.InquiryBot(db_url)  # answers until the end: workflows wait on it
         broker_dupes = (
             BrokerDuplicator(config.rabbitmq_url, db_url, config.mq_prefix, rng.randrange(1 << 30))
             if rabbitmq
             else None
         )
-        threads = [t for t in (monitor, injector, outages, submitter, canceller, notify_dupes, broker_dupes) if t]
+        threads = [t for t in (monitor, injector, outages, submitter, canceller, notify_dupes, broker_dupes, bot) if t]
         began = time.time()
         injector.chaos.set()
         outages.begin.set()
@@ -334,6 +335,7 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         settled = time.time()
         injector.stop.set()
         monitor.stop.set()
+        bot.stop.set()
         for t in threads:
             t.join(timeout=30)  # type: ignore[attr-defined]
 
@@ -354,6 +356,7 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
                 monitor=monitor,
                 submitter=submitter,
                 canceller=canceller,
+                bot=bot,
                 notify_dupes=notify_dupes,
                 broker_dupes=broker_dupes,
                 policies=policies,

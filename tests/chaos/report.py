@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .fleet import Fleet
     from .harness import ChaosConfig, ChaosResult
     from .load import Canceller, Submitter
+    from .workflows import InquiryBot
 
 
 def ensure_policies(db_url: str) -> str:
@@ -60,6 +61,7 @@ class Inputs:
     monitor: Monitor
     submitter: Submitter
     canceller: Canceller
+    bot: InquiryBot
     notify_dupes: NotifyDuplicator
     broker_dupes: BrokerDuplicator | None
     policies: str
@@ -129,7 +131,9 @@ def build(i: Inputs) -> ChaosResult:
         starved = _all_lines(fleet, "couldn't get a connection after")
         report.check("no process waited out its pool timeout for a connection", _counted(starved))
         harness = [
-            f"{t.name}: {t.error!r}" for t in (i.injector, i.outages, i.submitter, i.canceller) if t.error is not None
+            f"{t.name}: {t.error!r}"
+            for t in (i.injector, i.outages, i.submitter, i.canceller, i.bot)
+            if t.error is not None
         ]
         for inc in fleet.incarnations():
             spec = inc.failpoints
@@ -158,6 +162,8 @@ def build(i: Inputs) -> ChaosResult:
         + f"); {i.submitter.retries} submission retries through outages; {runs['n'] if runs else 0} runs",
         "  cancels (state found in: result): "
         + ", ".join(f"{s}: {r} {n}" for (s, r), n in sorted(i.canceller.results.items())),
+        "  inquiries answered by the bot (outcome): "
+        + (", ".join(f"{k} {n}" for k, n in sorted(i.bot.results.items())) or "none"),
         *outcome_lines,
         "Faults: "
         + (", ".join(f"{n} x {k}" for k, n in sorted(kills.items())) or "no process faults")

@@ -8,13 +8,18 @@ itself, besides the engine's own bookkeeping (``workflow_task_dispatch``).
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from conveyor.domain.errors import ConveyorError
+from conveyor.sdk import Client
 from conveyor.workflows.parse import parse_workflow
+
+SCHEMA = "conveyor"
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -99,14 +104,87 @@ output:
   - last: <% ctx(last) %>
 """
 
-SOURCES = {"chaos.wf_sequence": SEQUENCE, "chaos.wf_items": ITEMS, "chaos.wf_join": JOIN}
+# An inquiry (core.ask: pending, no worker) answered by the harness's bot (InquiryBot),
+# then one more step with the answer.
+ASK = """
+ref: chaos.wf_ask
+input: [n]
+tasks:
+  ask:
+    action: core.ask
+    input:
+      prompt: approve <% ctx(n) %>?
+      schema:
+        type: object
+        properties:
+          n: {type: integer}
+        required: [n]
+    next:
+      - when: <% succeeded() %>
+        publish:
+          - answered: <% result().response.n %>
+        do: after
+  after:
+    action: chaos.step n=<% ctx(n) %> step=after
+output:
+  - answered: <% ctx(answered) %>
+"""
+
+SOURCES = {"chaos.wf_sequence": SEQUENCE, "chaos.wf_items": ITEMS, "chaos.wf_join": JOIN, "chaos.wf_ask": ASK}
 OUTPUTS: dict[str, Any] = {
     "chaos.wf_sequence": {"seen": ["s0", "s1", "s2"]},
     "chaos.wf_items": {"steps": [f"item-{i}" for i in range(6)]},
     "chaos.wf_join": {"last": "joined"},
+    # chaos.wf_ask: {"answered": n}, checked per execution (its n)
 }
 # (weight, ref) added to the load's mix: about 7 % of the requests are workflows.
-MIX: list[tuple[int, str]] = [(3, "chaos.wf_sequence"), (2, "chaos.wf_items"), (2, "chaos.wf_join")]
+MIX: list[tuple[int, str]] = [(3, "chaos.wf_sequence"), (2, "chaos.wf_items"), (2, "chaos.wf_join"),
+                              (1, "chaos.wf_ask")]  # fmt: skip
+
+
+class InquiryBot(threading.Thread):
+    """Answers every pending inquiry every ``every`` seconds through the SDK
+    (``Client.respond``: the schema checked, then the SQL function ``respond_inquiry``),
+    with the workflow's ``n``; sometimes twice (the second answer must be refused:
+    already answered), as racing humans would."""
+
+    def __init__(self, url: str, every: float = 0.3) -> None:
+        super().__init__(name="chaos-inquiry-bot", daemon=True)
+        self.url, self.every = url, every
+        self.stop = threading.Event()
+        self.results: Counter[str] = Counter()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        client: Client | None = None
+        try:
+            while not self.stop.wait(self.every):
+                try:
+                    client = client or Client(self.url, SCHEMA)
+                    self._answer(client)
+                except (psycopg.OperationalError, psycopg.InterfaceError):
+                    self.results["database unreachable"] += 1
+                    if client is not None:
+                        client.close()
+                    client = None
+        except BaseException as exc:  # reported by the harness
+            self.error = exc
+        finally:
+            if client is not None:
+                client.close()
+
+    def _answer(self, client: Client) -> None:
+        pending = client.conn.execute(
+            "SELECT i.id, (p.parameters ->> 'n')::int AS n FROM inquiry i JOIN execution e ON e.id = i.execution"
+            " JOIN execution p ON p.id = e.parent WHERE i.status = 'pending' ORDER BY i.id LIMIT 20"
+        ).fetchall()
+        for row in pending:
+            for responder in ("bot", "bot") if row["id"] % 3 == 0 else ("bot",):
+                try:
+                    outcome = client.respond(row["id"], {"n": row["n"]}, responder=responder)["outcome"]
+                except ConveyorError as exc:  # cancelled meanwhile, or answered already
+                    outcome = type(exc).__name__
+                self.results[outcome] += 1
 
 
 def register(conn: Conn) -> None:
@@ -133,7 +211,8 @@ LEFT JOIN workflow_execution w ON w.execution = e.id
 WHERE a.runner_type = 'workflow'
 """
 CHILDREN = """
-SELECT c.id, c.parent, c.action_ref, c.parameters ->> 'step' AS step, c.status, c.created, p.ended AS parent_ended
+SELECT c.id, c.parent, c.action_ref, coalesce(c.parameters ->> 'step', 'ask') AS step, c.status, c.created,
+       p.ended AS parent_ended  -- core.ask (chaos.wf_ask's task 'ask') is the one child without a step
 FROM execution c JOIN execution p ON p.id = c.parent
 """
 DISPATCHES = """
@@ -166,12 +245,25 @@ def run_checks(conn: Conn, report: Any) -> None:
     summary = f"{len(wfs)} workflows: " + ", ".join(f"{k} {n}" for k, n in sorted(by_status.items()))
     report.check("every workflow execution terminal, its state agreeing, nothing left to apply", problems, summary)
 
+    def faultless(w: dict[str, Any]) -> Any:
+        return {"answered": int(w["n"])} if w["action_ref"] == "chaos.wf_ask" else OUTPUTS.get(w["action_ref"])
+
     wrong = [
-        f"execution {w['id']} ({w['action_ref']} n={w['n']}) output {w['result']}, not {OUTPUTS[w['action_ref']]}"
+        f"execution {w['id']} ({w['action_ref']} n={w['n']}) output {w['result']}, not {faultless(w)}"
         for w in wfs
-        if w["status"] == "completed" and w["action_ref"] in OUTPUTS and w["result"] != OUTPUTS[w["action_ref"]]
+        if w["status"] == "completed" and w["result"] != faultless(w)
     ]
     report.check("every completed workflow has the output of a run without faults", wrong)
+    inquiries = conn.execute(
+        "SELECT i.id, i.status, e.status AS execution_status, (SELECT count(*) FROM inquiry_response r"
+        " WHERE r.inquiry = i.id) AS answers FROM inquiry i JOIN execution e ON e.id = i.execution"
+    ).fetchall()
+    problems = [f"inquiry not closed: {_short(i)}" for i in inquiries if i["status"] == "pending"]
+    problems += [f"answered more than once (quorum 1): {_short(i)}" for i in inquiries if i["answers"] > 1]
+    problems += [f"responded, but its execution did not complete: {_short(i)}" for i in inquiries
+                 if i["status"] == "responded" and i["execution_status"] != "completed"]  # fmt: skip
+    summary = ", ".join(f"{k} {n}" for k, n in sorted(Counter(i["status"] for i in inquiries).items()))
+    report.check("every inquiry closed, answered once", problems, summary or "none asked")
 
     chains: dict[tuple[int, str], int] = {}  # (parent, step) -> children the chain may have
     current: set[int] = set()
