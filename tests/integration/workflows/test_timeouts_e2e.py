@@ -36,7 +36,8 @@ tasks:
     # The deadline is set when the workflow starts (and cleared when it fires).
     await until(lambda: conn.execute(sql, (eid,)).fetchone() is not None, 20, "the workflow to start")
     left = conn.execute(sql, (eid,)).fetchone()
-    assert left is not None and left["left"] is not None and left["left"].total_seconds() == 1.5, left
+    assert left is not None
+    assert left["left"].total_seconds() == 1.5, left
     await until(lambda: [c["status"] for c in children(conn, eid)] == ["running"], 20, "the child to run")
     done = await ended(conn, eid)
     assert done["status"] == "failed", done

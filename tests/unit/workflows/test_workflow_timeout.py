@@ -39,9 +39,7 @@ def test_no_timeout_is_none_and_old_stored_definitions_read_as_none() -> None:
     assert WorkflowSpec.from_json(stored).timeout is None
 
 
-@pytest.mark.parametrize(
-    ("value", "message"), [("-1", "must not be negative"), ("soon", "must be a number, not text")]
-)
+@pytest.mark.parametrize(("value", "message"), [("-1", "must not be negative"), ("soon", "must be a number, not text")])
 def test_a_bad_timeout_is_a_problem_with_its_path(value: str, message: str) -> None:
     with pytest.raises(WorkflowError) as caught:
         parse_workflow(f"ref: ops.x\ntimeout: {value}\ntasks: {{a: {{action: core.noop}}}}")
