@@ -37,7 +37,9 @@ def fail() -> None:
     },
 )
 async def local(cmd: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC109 (StackStorm's parameter)
-    """StackStorm's core.local for Orquesta's examples: run ``cmd`` in a shell; the result
+    """StackStorm's core.local, in place of Conveyor's (listed after ``core``, it replaces
+    it in this worker and in the action table): StackStorm's examples pass ``timeout``,
+    which Conveyor's does not take (docs/workflows.md). Runs ``cmd`` in a shell; the result
     is StackStorm's {stdout, stderr, return_code, succeeded, failed}; a non-zero exit fails."""
     proc = await asyncio.create_subprocess_shell(cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
