@@ -5,9 +5,9 @@ The files in ``orquesta/`` are copied byte for byte from StackStorm's repositori
 ``orquesta/tests/fixtures/workflows/native/`` (commit 8c67ef3), the two error-handling
 ones from StackStorm/st2 ``contrib/examples/actions/workflows/`` (commit c2eaf56). They carry
 no ``ref:``: it is given at registration, as ``--ref`` does. ``core.local`` is a test
-stand-in with StackStorm's parameters (conftest: ours takes no ``timeout``); ``core.echo`` is ours, which returns the message itself where StackStorm's
-returns ``{stdout: ...}`` (docs/workflows.md), so the orquesta fixtures, written with
-``result()``, fit it unchanged.
+stand-in with StackStorm's parameters (conftest: ours takes no ``timeout``). ``core.echo`` is
+ours, which returns the message itself where StackStorm's returns ``{stdout: ...}``
+(docs/workflows.md), so the orquesta fixtures, written with ``result()``, fit it unchanged.
 
 Also here: an expression failing at run time, and a core.ask inside a workflow."""
 
