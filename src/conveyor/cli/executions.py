@@ -29,6 +29,7 @@ _STYLE = {
     "cancelled": "yellow",
     "running": "cyan",
     "scheduled": "blue",
+    "pending": "magenta",
     "paused": "yellow",
     "canceling": "yellow",
 }

@@ -37,7 +37,8 @@ def _families() -> dict[str, GaugeMetricFamily]:
     return {
         "executions": GaugeMetricFamily(
             "conveyor_executions",
-            "Executions not finished yet, by status (requested, scheduling, scheduled, running, canceling) and action",
+            "Executions not finished yet, by status (requested, scheduling, scheduled, running, pending, paused,"
+            " canceling) and action",
             labels=["status", "action"],
         ),
         "workers": GaugeMetricFamily(

@@ -9,12 +9,16 @@ its input 10,000 times).
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
+import posixpath
 import time
 from collections.abc import Mapping, Sequence, Set
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+import yaml
 
 
 class _Missing:
@@ -207,6 +211,79 @@ def fn_from_json_string(text: str) -> Any:
     return json.loads(text)
 
 
+# The largest zip() result (items times lists): its inputs are bounded already, but padding
+# (zip_longest) multiplies the longest by the number of lists.
+MAX_ZIP_CELLS: Final = 1_000_000
+
+
+def fn_zip(*lists: Any, pad: Any = None) -> list[Any]:
+    """Orquesta's ``zip``: one list of tuples, padded to the longest with ``pad``; a single
+    list is returned as it is; None counts as an empty list."""
+    current()
+    seqs = [[] if arg is None else list(arg) for arg in lists]
+    if len(seqs) == 1:
+        return seqs[0]
+    longest = max((len(seq) for seq in seqs), default=0)
+    if longest * len(seqs) > MAX_ZIP_CELLS:
+        raise Refused(f"zip of {len(seqs)} lists of up to {longest} items is too large")
+    return [list(row) for row in itertools.zip_longest(*seqs, fillvalue=pad)]
+
+
+def fn_json(text: Any) -> Any:
+    """Orquesta's ``json``: a mapping as it is, a string decoded as JSON."""
+    current()
+    if isinstance(text, Mapping):
+        return text
+    if not isinstance(text, str):
+        raise Refused(f"json() takes text or a mapping, not {type(text).__name__}")
+    return json.loads(text)
+
+
+class _NoAliases(yaml.SafeLoader):
+    """Safe YAML without aliases: ``*a`` shares a node, so nine nested lists of nine
+    aliases are a few bytes of text and billions of items once turned into JSON."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise Refused("YAML aliases (*name) are not allowed in expressions")
+        return super().compose_node(parent, index)
+
+
+def fn_from_yaml_string(text: str) -> Any:
+    if len(text) > current().limits.max_bytes:
+        raise Refused("the YAML text is larger than the size limit")
+    return yaml.load(text, Loader=_NoAliases)  # a SafeLoader subclass: no Python objects
+
+
+def fn_to_yaml_string(value: Any) -> str:
+    current()
+    return str(yaml.safe_dump(plain(value), sort_keys=False, allow_unicode=True))
+
+
+def fn_json_escape(value: Any) -> str:
+    """st2's ``json_escape``: the value as JSON without its enclosing quotes (text escaped
+    to sit inside a JSON string literal)."""
+    current()
+    return json.dumps(plain(value)).strip('"')
+
+
+def fn_use_none(value: Any) -> Any:
+    """st2's ``use_none``: there it swaps None for a marker that survives its text
+    rendering; here values keep their type, so the value as it is."""
+    current()
+    return value
+
+
+def fn_basename(path: str) -> str:
+    current()
+    return posixpath.basename(path)
+
+
+def fn_dirname(path: str) -> str:
+    current()
+    return posixpath.dirname(path)
+
+
 FUNCTIONS: Final[dict[str, Any]] = {
     "ctx": fn_ctx,
     "result": fn_result,
@@ -218,6 +295,19 @@ FUNCTIONS: Final[dict[str, Any]] = {
     "task_status": fn_task_status,
     "to_json_string": fn_to_json_string,
     "from_json_string": fn_from_json_string,
+    # Orquesta's common functions, and StackStorm's data and path functions.
+    "zip": fn_zip,
+    "json": fn_json,
+    "json_parse": fn_from_json_string,
+    "json_dump": fn_to_json_string,
+    "json_escape": fn_json_escape,
+    "from_yaml_string": fn_from_yaml_string,
+    "to_yaml_string": fn_to_yaml_string,
+    "yaml_parse": fn_from_yaml_string,
+    "yaml_dump": fn_to_yaml_string,
+    "use_none": fn_use_none,
+    "basename": fn_basename,
+    "dirname": fn_dirname,
 }
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import collections.abc  # noqa: F401  (must come before yaql)
 import functools
 import math
+import re
+import string
 from typing import Any, Final
 
 import yaql  # type: ignore[import-untyped]
-from yaql.language import contexts, exceptions, specs, utils  # type: ignore[import-untyped]
+from yaql.language import contexts, conventions, exceptions, specs, utils, yaqltypes  # type: ignore[import-untyped]
 
 from conveyor.workflows._expr_core import FUNCTIONS, Evaluation, Refused, current
 
@@ -56,6 +58,50 @@ def _pow(base: Any, exponent: Any, modulo: Any = None) -> Any:
     return pow(base, exponent, modulo) if modulo is not None else pow(base, exponent)
 
 
+# yaql's own keys()/values()/items() return dict views, which its output conversion turns
+# into sets: keys lose their order and items() fails (a set of lists). These return lists in
+# the mapping's order, as methods (``$.d.items()``) and as functions (``items($.d)``).
+def _keys(d: Any) -> list[Any]:
+    return list(d.keys())
+
+
+def _values(d: Any) -> list[Any]:
+    return list(d.values())
+
+
+def _items(d: Any) -> list[list[Any]]:
+    return [[k, v] for k, v in d.items()]
+
+
+# Python's format fields reach attributes and indexes (``{0.__class__}``) and widths make
+# any size (``{0:>999999999}``): only plain fields, conversions and small specs are allowed.
+_FIELD: Final = re.compile(r"^\w*$")
+_SPEC: Final = re.compile(r"^[^{}]*$")
+_WIDTH: Final = re.compile(r"\d+")
+
+
+def _format(template: str, *args: Any, **kwargs: Any) -> str:
+    """``"{0} on {host}".format(x, host => h)``: Python's str.format, fields checked."""
+    ev = current()
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not _FIELD.match(field):
+            raise Refused(f"format field {{{field}}}: only positions and names are allowed")
+        if spec and (not _SPEC.match(spec) or any(int(w) > ev.limits.max_bytes for w in _WIDTH.findall(spec))):
+            raise Refused(f"format spec {spec!r} is not allowed")
+    try:
+        return template.format(*args, **kwargs)
+    except (IndexError, KeyError, ValueError) as exc:
+        raise Refused(f"format: {exc!r}") from None
+
+
+def _extension(fn: Any, name: str, receiver: str, kind: Any) -> Any:
+    """``fn`` as a yaql function callable as ``name(x, ...)`` and ``x.name(...)`` (the
+    decorators applied here, not on ``fn``: yaql's are untyped)."""
+    return specs.extension_method(specs.name(name)(specs.parameter(receiver, kind)(fn)))
+
+
 def _wrap(fn: Any, name: str) -> Any:
     """A yaql function definition for one of the shared workflow functions."""
 
@@ -76,12 +122,17 @@ def _base() -> tuple[Any, Any]:
             "yaql.convertOutputData": True,
         }
     )
-    context = yaql.create_context(context=_DeadlineContext())
+    # CamelCaseConvention: yaql.create_context()'s default, which Orquesta uses: its
+    # workflows write `toUpper()`, `orderBy()`, `startsWith()`, `containsKey()`.
+    context = yaql.create_context(context=_DeadlineContext(convention=conventions.CamelCaseConvention()))
     # A child layer: these shadow yaql's own of the same name (its ``pow``).
     context = context.create_child_context()
     for name, fn in FUNCTIONS.items():
         context.register_function(_wrap(fn, name))
     context.register_function(_pow, name="pow")
+    for name, fn in (("keys", _keys), ("values", _values), ("items", _items)):
+        context.register_function(_extension(fn, name, "d", utils.MappingType))
+    context.register_function(_extension(_format, "format", "template", yaqltypes.String()))
     return engine, context
 
 

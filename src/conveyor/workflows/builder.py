@@ -63,8 +63,11 @@ class Workflow:
         vars: Mapping[str, Any] | None = None,
         parameters: Mapping[str, Any] | None = None,
         version: str = "1.0",
+        timeout: float | None = None,
     ) -> None:
         self._doc: dict[str, Any] = {"ref": ref, "version": version}
+        if timeout is not None:
+            self._doc["timeout"] = timeout
         if description:
             self._doc["description"] = description
         if input:

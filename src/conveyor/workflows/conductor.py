@@ -224,7 +224,8 @@ class _Conductor(Flow):
         for key, run in list(self.tasks.items()):
             if run.status in ("waiting", "running"):
                 self.update_task(key, status="cancelled")
-        self.fail(None, "the workflow timed out", type="timeout")
+        limit = f" after {self.spec.timeout:g} s" if self.spec.timeout is not None else ""
+        self.fail(None, f"the workflow {self.spec.ref} timed out{limit}", type="timeout", timeout=self.spec.timeout)
         self.status = "failed"
 
     def task_timed_out(self, key: TaskKey) -> None:

@@ -28,7 +28,7 @@ _NAME: Final = re.compile(r"^[A-Za-z_][\w-]*$")
 # ``x in <% ... %>`` / ``x, y in <% zip(...) %>``: Orquesta's named items.
 _ITEMS_IN: Final = re.compile(r"^\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s+in\s+(\S.*)$", re.DOTALL)
 
-WORKFLOW_KEYS: Final = ("ref", "version", "description", "input", "parameters", "vars", "tasks", "output")
+WORKFLOW_KEYS: Final = ("ref", "version", "description", "input", "parameters", "vars", "tasks", "output", "timeout")
 TASK_KEYS: Final = ("action", "input", "next", "with", "join", "retry", "timeout", "delay", *legacy.KEYS)
 NEXT_KEYS: Final = ("when", "publish", "do")
 WITH_KEYS: Final = ("items", "concurrency")
@@ -98,6 +98,7 @@ class _Reader:
             vars=self.assignments(data.get("vars"), "vars"),
             tasks=tasks,
             output=self.assignments(data.get("output"), "output"),
+            timeout=self.seconds(data.get("timeout"), "timeout"),
         )
         if self.problems:
             raise WorkflowError(self.problems)

@@ -108,6 +108,10 @@ class WorkflowSpec:
     output: tuple[tuple[str, Any], ...] = ()
     # Cycles are allowed; a task entered more than this many times fails the workflow.
     max_iterations: int = 100
+    # Seconds the whole workflow may run (None: no limit). Stored as the definition's
+    # top-level "timeout", which start_workflows (migration 0013) turns into the
+    # workflow_execution's deadline.
+    timeout: float | None = None
 
     def starts(self) -> list[str]:
         """Tasks with no inbound transition, in definition order: they start first."""
@@ -130,6 +134,7 @@ class WorkflowSpec:
             "tasks": [_task_json(t) for t in self.tasks.values()],
             "output": [list(pair) for pair in self.output],
             "max_iterations": self.max_iterations,
+            "timeout": self.timeout,
         }
 
     @classmethod
@@ -144,6 +149,7 @@ class WorkflowSpec:
             tasks={t["name"]: _task_from_json(t) for t in data.get("tasks", [])},
             output=tuple((n, v) for n, v in data.get("output", [])),
             max_iterations=data.get("max_iterations", 100),
+            timeout=data.get("timeout"),
         )
 
 

@@ -16,10 +16,15 @@ def validate(spec: WorkflowSpec, known_actions: Collection[str]) -> list[Problem
     so its own ref is known only if ``known_actions`` has it), unknown tasks in ``do``,
     no tasks, no start task, unreachable tasks, a ``join`` with one inbound transition,
     expression syntax errors, negative retry counts or delays, a literal concurrency
-    below 1. Empty when there is none."""
+    below 1, a negative workflow timeout. Empty when there is none."""
     problems: list[Problem] = []
     if not spec.tasks:
         problems.append(Problem("tasks", "a workflow needs at least one task"))
+    # The builder (not only YAML) makes specs: check here too, not only in parse.
+    if spec.timeout is not None and (isinstance(spec.timeout, bool) or not isinstance(spec.timeout, int | float)):
+        problems.append(Problem("timeout", "must be a number of seconds"))
+    elif spec.timeout is not None and spec.timeout < 0:
+        problems.append(Problem("timeout", "must not be negative"))
     for i, (name, value) in enumerate(spec.vars):
         _expressions(problems, join(join("vars", i), name), value)
     for i, (name, value) in enumerate(spec.output):

@@ -27,6 +27,29 @@ def fail() -> None:
     raise RuntimeError("boom")
 
 
+@extra.action(
+    "core.local",
+    parameters={
+        "type": "object",
+        "properties": {"cmd": {"type": "string"}, "timeout": {"type": "number"}},
+        "required": ["cmd"],
+        "additionalProperties": False,
+    },
+)
+async def local(cmd: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC109 (StackStorm's parameter)
+    """StackStorm's core.local, in place of Conveyor's (listed after ``core``, it replaces
+    it in this worker and in the action table): StackStorm's examples pass ``timeout``,
+    which Conveyor's does not take (docs/workflows.md). Runs ``cmd`` in a shell; the result
+    is StackStorm's {stdout, stderr, return_code, succeeded, failed}; a non-zero exit fails."""
+    proc = await asyncio.create_subprocess_shell(cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    result = {"stdout": out.decode().strip(), "stderr": err.decode().strip(), "return_code": proc.returncode,
+              "succeeded": proc.returncode == 0, "failed": proc.returncode != 0}  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"core.local: {cmd!r} exited {proc.returncode}: {result}")
+    return result
+
+
 @pytest.fixture
 async def world(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """Services running; yields their pool (tests read and write through ``conn``)."""

@@ -168,8 +168,13 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
         raise NotFound(f"no execution {eid}")
     attempts = await (await conn.execute(Q["get_attempts"], {"id": eid})).fetchall()
     final = row["status"] in FINISHED and all(a["ended"] is not None for a in attempts)
+    # Its children (a workflow's tasks, retries included: the first page; the API has all)
+    # and, for a core.ask execution, its inquiry (where it is answered).
+    children = await (await conn.execute(Q["execution_children"], {"id": eid, "after": None, "limit": PAGE})).fetchall()
+    inquiry = await (await conn.execute(Q["inquiry_of_execution"], {"id": eid})).fetchone()
     return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
-            "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid)}  # fmt: skip
+            "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid),
+            "children": children, "children_more": len(children) == PAGE, "inquiry": inquiry}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ WITH finished AS (
 ), first_starts AS (
     SELECT extract(epoch FROM t.started - e.created)::float8 AS latency
     FROM execution e JOIN execution_attempt t ON t.execution = e.id AND t.attempt = 1
-    WHERE e.status IN ('requested', 'scheduling', 'scheduled', 'running', 'canceling', 'completed', 'failed',
-                       'timeout', 'cancelled', 'abandoned')
+    WHERE e.status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling',
+                       'completed', 'failed', 'timeout', 'cancelled', 'abandoned')
       AND e.updated >= now() - interval '5 minutes' AND t.started >= now() - interval '5 minutes'
 )
 SELECT (SELECT count(*) FILTER (WHERE status = 'completed') FROM finished)::int AS completed_last_minute,

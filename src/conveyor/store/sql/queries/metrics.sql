@@ -5,12 +5,12 @@
 WITH counts AS (
     SELECT status, action_ref, count(*)::int AS n
     FROM execution
-    WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'canceling')
+    WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling')
     GROUP BY status, action_ref
 )
 SELECT s.status, a.ref AS action, coalesce(c.n, 0) AS count
 FROM action a
-CROSS JOIN unnest(ARRAY['requested', 'scheduling', 'scheduled', 'running', 'canceling']) AS s(status)
+CROSS JOIN unnest(ARRAY['requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling']) AS s(status)
 LEFT JOIN counts c ON c.status = s.status AND c.action_ref = a.ref
 ORDER BY a.ref, s.status;
 
