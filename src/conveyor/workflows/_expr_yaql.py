@@ -124,7 +124,12 @@ def _base() -> tuple[Any, Any]:
     )
     # CamelCaseConvention: yaql.create_context()'s default, which Orquesta uses: its
     # workflows write `toUpper()`, `orderBy()`, `startsWith()`, `containsKey()`.
-    context = yaql.create_context(context=_DeadlineContext(convention=conventions.CamelCaseConvention()))
+    # regex=False: yaql's regular expressions run Python's ``re``, which no deadline can
+    # interrupt (a catastrophic pattern would hang the executor's advancement), so
+    # ``regex()``, ``matches``, ``=~``, ``search`` and friends are not offered.
+    context = yaql.create_context(
+        context=_DeadlineContext(convention=conventions.CamelCaseConvention()), regex=False
+    )
     # A child layer: these shadow yaql's own of the same name (its ``pow``).
     context = context.create_child_context()
     for name, fn in FUNCTIONS.items():

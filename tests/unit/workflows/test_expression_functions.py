@@ -109,3 +109,17 @@ def test_orquesta_named_zipped_items_parse_and_evaluate() -> None:
     assert items == [["a", 1], ["b", 2]]
     one = Scope({}, item=items[1], index=1, item_vars=("m", "n"))
     assert evaluate("<% item(m) %>-<% item(n) %>", one) == "b-2"
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        '<% regex("(a+)+b").matches("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa") %>',
+        '<% "aaaaaaaaaaaaaaaaaaaaaa!" =~ "(a+)+$" %>',
+    ],
+)
+def test_regular_expressions_are_not_offered(expression: str) -> None:
+    """Python's re cannot be interrupted by the time bound: a catastrophic pattern would
+    hang the advancement, so yaql's regex library is left out."""
+    with pytest.raises(ExpressionError, match="Unknown function"):
+        evaluate(expression, Scope(ctx={}))
