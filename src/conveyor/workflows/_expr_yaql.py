@@ -127,9 +127,7 @@ def _base() -> tuple[Any, Any]:
     # regex=False: yaql's regular expressions run Python's ``re``, which no deadline can
     # interrupt (a catastrophic pattern would hang the executor's advancement), so
     # ``regex()``, ``matches``, ``=~``, ``search`` and friends are not offered.
-    context = yaql.create_context(
-        context=_DeadlineContext(convention=conventions.CamelCaseConvention()), regex=False
-    )
+    context = yaql.create_context(context=_DeadlineContext(convention=conventions.CamelCaseConvention()), regex=False)
     # A child layer: these shadow yaql's own of the same name (its ``pow``).
     context = context.create_child_context()
     for name, fn in FUNCTIONS.items():
