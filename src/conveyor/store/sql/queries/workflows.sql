@@ -20,6 +20,24 @@ LIMIT %(limit)s;
 SELECT x.id FROM (SELECT DISTINCT id FROM unnest(%(ids)s::bigint[]) AS u(id) ORDER BY id) x
 WHERE pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || x.id, 0));
 
+-- name: workflow_pending_try_lock
+-- workflows_pending and workflow_try_lock in one statement, the first of the transaction
+-- that advances them (a pass costs no read before it): the workflows with events to
+-- apply, oldest event first, each with whether its advisory lock was taken here (not
+-- locked: another replica is advancing it -- see workflow_try_lock).
+WITH pending AS (
+    SELECT ev.workflow_execution AS id
+    FROM workflow_event ev
+    JOIN workflow_execution w ON w.id = ev.workflow_execution
+    JOIN execution e ON e.id = w.execution
+    WHERE e.status NOT IN ('requested', 'scheduling', 'scheduled')
+    GROUP BY ev.workflow_execution
+    ORDER BY min(ev.id)
+    LIMIT %(limit)s
+)
+SELECT p.id, pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || p.id, 0)) AS locked
+FROM (SELECT id FROM pending ORDER BY id) p;
+
 -- name: workflow_lock
 -- The workflows' state rows, locked until commit, with their executions' status and
 -- parameters (the 'start' event's) and their definitions' versions. row_version is the
