@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -52,8 +51,8 @@ async def test_inquiries_are_asked_while_every_worker_is_full(
     assert sorted(r["status"] for r in rows(conn, noops).values()) == ["requested", "scheduled"]
 
 
-def test_claiming_executor_run_work_does_not_scan_the_backlog(conn: Conn) -> None:
-    """claim_executor_run runs every round: behind thousands of requested worker-run
+def test_picking_executor_run_work_does_not_scan_the_backlog(conn: Conn) -> None:
+    """pick_executor_run runs every round: behind thousands of requested worker-run
     executions it must reach the few core.ask / workflow ones through the index, not walk
     the backlog (it did: 5 ms a round behind 20,000, a plan chosen from the statistics)."""
     with conn.transaction():
@@ -61,14 +60,11 @@ def test_claiming_executor_run_work_does_not_scan_the_backlog(conn: Conn) -> Non
     ask = request(conn, 1, "core.ask", {"prompt": "ok?"})[0]
     conn.execute("ANALYZE execution")
     with conn.transaction():
-        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["claim_executor_run"],
-                           {"limit": 500, "executor": "ex-test"}).fetchone()  # fmt: skip
-        claimed = conn.execute("SELECT id FROM execution WHERE status = 'scheduling'").fetchall()
-        raise psycopg.Rollback()  # EXPLAIN ANALYZE ran the claim: undo it
-    assert row is not None
-    assert [r["id"] for r in claimed] == [ask]
-    picking = [n for n in _nodes(row["QUERY PLAN"][0]["Plan"]) if n.get("Subplan Name") == "CTE picked"]
-    nodes = _nodes(picking[0])
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["pick_executor_run"], {"limit": 500}).fetchone()
+        picked = conn.execute(Q["pick_executor_run"], {"limit": 500}).fetchall()
+    assert plan is not None
+    assert [r["id"] for r in picked] == [ask]
+    nodes = _nodes(plan["QUERY PLAN"][0]["Plan"])
     read = sum(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in nodes
                if n.get("Relation Name") == "execution")  # fmt: skip
     assert read < 50, f"{read} execution rows read to pick one"
