@@ -17,6 +17,7 @@ from conveyor.executor.recovery import Recovery
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
 from integration.builders import add_worker
+from support.polling import until
 
 Conn = psycopg.Connection[dict[str, Any]]
 Pool = AsyncConnectionPool[Any]
@@ -88,5 +89,11 @@ async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
     assert statuses(conn) == {"w-alive": "inactive", "w-silent": "inactive", "w-new": "active"}
 
     lock_holder.close()  # w-new's process dies
+    # The server releases the lock when its backend sees the socket close: soon, not at
+    # once (found by CI: a sweep right after close() could still see it held).
+    await until(lambda: conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                                     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                                     "AND pid <> pg_backend_pid() AND granted) AS gone").fetchone()["gone"],
+                what="w-new's liveness lock released")  # fmt: skip
     assert (await sweep(pool, transport))["dead"] == 1
     assert statuses(conn)["w-new"] == "inactive"

@@ -101,7 +101,7 @@ class Scheduler:
             # worker cannot block other actions), at most as many as there are free
             # slots; plus, separately, what no live worker can run at all once past the
             # grace, to fail it.
-            rows: list[ClaimedExecution] = []
+            claiming = None
             if free:
                 params = {
                     "limit": min(self._batch_size, free),
@@ -109,10 +109,16 @@ class Scheduler:
                     "refs": sorted({r for w in open_ for r in w.actions}),
                     "runtimes": sorted({r for w in open_ for r in w.runtimes}),
                 }
-                rows = await _fetch(conn, ClaimedExecution, Q["claim_requested"], params)
+                claiming = conn.cursor(row_factory=class_row(ClaimedExecution))
+                await claiming.execute(Q["claim_requested"], params)
             # Workflows and inquiries, whatever the workers: only the executor runs them.
-            rows += await _fetch(conn, ClaimedExecution, Q["claim_executor_run"],
-                                 {"limit": self._batch_size, "executor": self._executor_id})  # fmt: skip
+            # Picked (and locked) in the same round trip; claimed only when there are some.
+            picked = await conn.execute(Q["pick_executor_run"], {"limit": self._batch_size})
+            rows: list[ClaimedExecution] = list(await claiming.fetchall()) if claiming else []
+            ids = [r["id"] for r in await picked.fetchall()]
+            if ids:
+                rows += await _fetch(conn, ClaimedExecution, Q["claim_executor_run"],
+                                     {"ids": ids, "executor": self._executor_id})  # fmt: skip
             # The unplaceable query scans the whole backlog: run it only every so often.
             if time.monotonic() >= self._next_unplaceable_check:
                 self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval

@@ -187,6 +187,10 @@ class RowCache:
         self._entries.move_to_end(wid)
         return entry[1]
 
+    def has(self, wid: int) -> bool:
+        """Whether some version of this workflow's rows is cached (whichever)."""
+        return wid in self._entries
+
     def drop(self, wid: int) -> None:
         self._entries.pop(wid, None)
 

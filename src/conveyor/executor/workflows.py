@@ -21,7 +21,7 @@ advanced one by one, so that only the broken one fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ log = structlog.get_logger(__name__)
 
 ACTIVE = ("running", "paused", "canceling")  # the workflow's execution statuses that advance
 Decide = Callable[[WorkflowSpec, WorkflowState, Sequence[Event]], Step]
+Reading = tuple[list[int], Any, Any] | None  # ids, and the cursors of their task and dispatch rows
 __all__ = ["Advancer", "PassResult", "WorkflowBroken"]
 
 
@@ -71,10 +72,10 @@ class Advancer:
         self._cache = RowCache()
 
     async def run_pass(self) -> PassResult:
-        """Advance the workflows with pending events (up to a batch) in one transaction."""
-        async with self._pool.connection() as conn:
-            pending = await (await conn.execute(Q["workflows_pending"], {"limit": self._batch_size})).fetchall()
-        return await self.advance_many([int(row["id"]) for row in pending])
+        """Advance the workflows with pending events (up to a batch), found and locked by
+        the first statement of the transaction that applies them (no read before it: the
+        wake-up of a child's end is followed by its advancement's first round trip)."""
+        return await self._advance_many(None)
 
     async def timeouts(self) -> int:
         """Task and workflow deadlines passed -> 'timeout' events (the reconciler)."""
@@ -93,43 +94,71 @@ class Advancer:
         broke is failed on its own (see the module's docstring)."""
         if not ids:
             return PassResult(0, 0, 0)
+        return await self._advance_many(list(ids))
+
+    async def _advance_many(self, ids: list[int] | None) -> PassResult:
+        """``ids``, or (None) the pending workflows, advanced in one pipelined transaction:
+        statements that need no earlier result travel together (see :meth:`_advance`)."""
         broken: dict[int, Exception] = {}
+        seen: list[int] = list(ids or ())  # the workflows this pass took up (pending ones: read first)
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                advanced = await self._advance(conn, ids, broken)
+            async with self._pool.connection() as conn:
+                async with conn.pipeline() as pipeline, conn.transaction():
+                    advanced, done = await self._advance(conn, pipeline, ids, seen, broken)
+                await done()  # committed: the cache learns what was written
             if advanced:
                 failpoints.reach("workflow.after_commit")
         except psycopg.OperationalError:
             raise  # the database is unreachable: the events stay for the next pass
         except Exception as batch_error:
-            if len(ids) == 1:
-                broken = {ids[0]: batch_error}
+            if not seen:
+                raise  # not even the pending workflows were read: the loop's error (logged, retried)
+            if len(seen) == 1:
+                broken = {seen[0]: batch_error}
                 advanced = 0
             else:  # which one broke the batch? Each alone: only that one fails.
                 log.warning("a batch of workflow advancements failed; advancing them one by one",
                             error=repr(batch_error))  # fmt: skip
-                results = [await self.advance_many([wid]) for wid in ids]
+                results = [await self.advance_many([wid]) for wid in seen]
                 return PassResult(*(sum(getattr(r, f) for r in results) for f in ("advanced", "failed", "skipped")))
         for wid, exc in broken.items():
             log.error("workflow advancement failed; failing the workflow", workflow_execution=wid, error=repr(exc),
                       exc_info=None if isinstance(exc, WorkflowBroken) else exc)  # fmt: skip
             await self._fail(wid, exc)
-        return PassResult(advanced, len(broken), len(ids) - advanced - len(broken))
+        return PassResult(advanced, len(broken), len(seen) - advanced - len(broken))
 
-    async def _advance(self, conn: Any, ids: Sequence[int], broken: dict[int, Exception]) -> int:
+    async def _advance(self, conn: Any, pipeline: Any, ids: list[int] | None, seen: list[int],
+                       broken: dict[int, Exception]) -> tuple[int, Callable[[], Awaitable[None]]]:  # fmt: skip
         """Lock, read, decide and apply; the workflows that broke before any write go into
-        ``broken`` (their events left for :meth:`_fail`). Returns how many advanced."""
-        locked = [r["id"] for r in await (await conn.execute(Q["workflow_try_lock"], {"ids": list(ids)})).fetchall()]
+        ``broken`` (their events left for :meth:`_fail`). Returns how many advanced, and
+        what to do once committed (the cache's update: a rolled-back write is not cached).
+
+        Pipelined (conn is in pipeline mode): a statement's results are awaited only when
+        a decision needs them, so the batch costs about five round trips: the locks; the
+        rows, events, tasks and dispatches; the dispatch claims; the children; the rest
+        with the commit."""
+        if ids is None:  # the first statement: BEGIN travels with it
+            cursor = await conn.execute(Q["workflow_pending_try_lock"], {"limit": self._batch_size})
+            pending = await cursor.fetchall()
+            seen += [r["id"] for r in pending]
+            locked = [r["id"] for r in pending if r["locked"]]
+        else:
+            locked = [r["id"] for r in await (await conn.execute(Q["workflow_try_lock"], {"ids": ids})).fetchall()]
         if not locked:
-            return 0
-        wfs = await (await conn.execute(Q["workflow_lock"], {"ids": locked})).fetchall()
+            return 0, _nothing
+        lock_rows = await conn.execute(Q["workflow_lock"], {"ids": locked})
+        event_rows = await conn.execute(Q["workflow_events"], {"ids": locked})
+        # Rows not cached are read in the same round trip (a cached version that turns out
+        # stale costs one more, in _rows).
+        reading = await self._read_rows(conn, [wid for wid in locked if not self._cache.has(wid)])
+        wfs = await lock_rows.fetchall()
         events: dict[int, list[dict[str, Any]]] = {}
-        for r in await (await conn.execute(Q["workflow_events"], {"ids": locked})).fetchall():
+        for r in await event_rows.fetchall():
             events.setdefault(r["workflow_execution"], []).append(r)
         wfs = [wf for wf in wfs if wf["id"] in events]
         live = [wf for wf in wfs if wf["status"] not in TERMINAL and wf["execution_status"] in ACTIVE]
         # Ended (a late child's end, a verb raced the end): nothing left to decide.
-        rows = await self._rows(conn, live) if live else {}
+        rows = await self._rows(conn, live, reading) if live else {}
         for wf in wfs:
             if wf not in live:
                 self._cache.drop(wf["id"])
@@ -157,17 +186,23 @@ class Advancer:
                 writes.add(wf, ref, step, policy)
                 applied.append((wf, step))
             consumed += [e["id"] for e in events[wf["id"]]]
-        versions, executions = await self._apply(conn, writes)
-        for wf, step in applied:
-            wid = wf["id"]
-            if wid in executions and wid in versions:
-                ended = (step.status or wf["status"]) in TERMINAL
-                self._cache.put(wid, versions[wid], rows[wid], step, executions[wid], ended)
-            else:  # some child was requested already (a replay): read the rows next time
-                self._cache.drop(wid)
+        updated, executions = await self._apply(conn, writes)
         await conn.execute(Q["workflow_consume_events"], {"ids": consumed})
+        if failpoints.armed("workflow.before_commit"):
+            await pipeline.sync()  # everything applied on the server, uncommitted
         failpoints.reach("workflow.before_commit")
-        return len(wfs) - len(broken)
+
+        async def done() -> None:
+            versions = {r["id"]: r["row_version"] for r in await updated.fetchall()} if updated else {}
+            for wf, step in applied:
+                wid = wf["id"]
+                if wid in executions and wid in versions:
+                    ended = (step.status or wf["status"]) in TERMINAL
+                    self._cache.put(wid, versions[wid], rows[wid], step, executions[wid], ended)
+                else:  # some child was requested already (a replay): read the rows next time
+                    self._cache.drop(wid)
+
+        return len(wfs) - len(broken), done
 
     def _step(self, spec: WorkflowSpec, state: WorkflowState, wf: dict[str, Any],
               rows: list[dict[str, Any]]) -> tuple[Step | None, str]:  # fmt: skip
@@ -204,25 +239,33 @@ class Advancer:
         self._actions.update(r["ref"] for r in rows)
         return set(ask) - self._actions
 
-    async def _rows(self, conn: Any, wfs: list[dict[str, Any]]) -> dict[int, Rows]:
-        """Each workflow's task and dispatch rows: cached, or read."""
+    async def _read_rows(self, conn: Any, ids: list[int]) -> Reading:
+        """Send the reads of these workflows' task and dispatch rows (fetched by _rows)."""
+        if not ids:
+            return None
+        tasks = await conn.execute(Q["workflow_tasks"], {"ids": ids})
+        return ids, tasks, await conn.execute(Q["workflow_dispatches"], {"ids": ids})
+
+    async def _rows(self, conn: Any, wfs: list[dict[str, Any]], reading: Reading) -> dict[int, Rows]:
+        """Each workflow's task and dispatch rows: cached (at its row version), or read."""
         found = {wf["id"]: self._cache.get(wf["id"], wf["row_version"]) for wf in wfs}
         rows = {wid: r for wid, r in found.items() if r is not None}
-        ids = [wid for wid, r in found.items() if r is None]
-        if not ids:
-            return rows
-        tasks: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
-        dispatches: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
-        for t in await (await conn.execute(Q["workflow_tasks"], {"ids": ids})).fetchall():
-            tasks[t["workflow_execution"]].append(t)
-        for d in await (await conn.execute(Q["workflow_dispatches"], {"ids": ids})).fetchall():
-            dispatches[d["workflow_execution"]].append(d)
-        return rows | {i: rows_of(tasks[i], dispatches[i]) for i in ids}
+        read: list[int] = []
+        if reading is not None:
+            read, *cursors = reading
+            rows |= await _rows_from(read, *cursors)
+        stale = [wid for wid, r in found.items() if r is None and wid not in rows]
+        if stale:  # cached at another version (changed elsewhere): read now
+            stale_reading = await self._read_rows(conn, stale)
+            assert stale_reading is not None
+            rows |= await _rows_from(*stale_reading)
+        return rows
 
-    async def _apply(self, conn: Any, writes: Writes) -> tuple[dict[int, str], dict[int, dict[Any, int]]]:
-        """The batch's decisions, one statement per kind of write. Returns the workflow
-        rows' new versions, and the new children's ids by dispatch key of each workflow
-        whose children were all made here."""
+    async def _apply(self, conn: Any, writes: Writes) -> tuple[Any, dict[int, dict[Any, int]]]:
+        """The batch's decisions, one statement per kind of write, sent without waiting
+        but for the children (their dispatch claims, then their ids). Returns the cursor
+        of the workflow rows' new versions (read after the commit), and the new children's
+        ids by dispatch key of each workflow whose children were all made here."""
         executions: dict[int, dict[Any, int]] = {wid: {} for wid in writes.update["ids"]}
         if writes.tasks["wids"]:
             await conn.execute(Q["workflow_upsert_tasks"], writes.tasks)
@@ -232,14 +275,11 @@ class Advancer:
             await self._request_children(conn, writes, executions)
         if writes.cancel["ids"]:
             await conn.execute(Q["workflow_cancel_children"], writes.cancel)
-        versions: dict[int, str] = {}
-        if writes.update["ids"]:
-            cursor = await conn.execute(Q["workflow_update"], writes.update)
-            versions = {r["id"]: r["row_version"] for r in await cursor.fetchall()}
+        updated = await conn.execute(Q["workflow_update"], writes.update) if writes.update["ids"] else None
         if writes.end["executions"]:
             await conn.execute(Q["workflow_resume_execution"], {"executions": writes.end["executions"]})
             await conn.execute(Q["workflow_end_execution"], writes.end)
-        return versions, executions
+        return updated, executions
 
     async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]]) -> None:
         cursor = await conn.execute(Q["workflow_claim_dispatches"], writes.claims())
@@ -306,3 +346,17 @@ class Advancer:
             raise
         except Exception:
             log.exception("could not fail a broken workflow; retried at the next pass", workflow_execution=workflow_id)
+
+
+async def _rows_from(ids: list[int], tasks_cursor: Any, dispatches_cursor: Any) -> dict[int, Rows]:
+    tasks: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    dispatches: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    for t in await tasks_cursor.fetchall():
+        tasks[t["workflow_execution"]].append(t)
+    for d in await dispatches_cursor.fetchall():
+        dispatches[d["workflow_execution"]].append(d)
+    return {i: rows_of(tasks[i], dispatches[i]) for i in ids}
+
+
+async def _nothing() -> None:
+    return None

@@ -13,7 +13,8 @@ from psycopg.types.json import Jsonb
 
 from conveyor.domain.errors import ConflictError, ConveyorError, ForbiddenError, InvalidAnswerError, NotFoundError
 from conveyor.executor.scheduler import RoundResult
-from conveyor.sdk import Client
+from conveyor.sdk import Client, request_executions
+from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
 from integration.builders import Conn, Pool, add_worker, request, rows, scheduler
 from integration.inquiries.inquiry_kit import audit
@@ -48,6 +49,25 @@ async def test_inquiries_are_asked_while_every_worker_is_full(
     assert (result.dispatched, result.asked) == (1, 1)
     assert rows(conn, [ask])[ask]["status"] == "pending"
     assert sorted(r["status"] for r in rows(conn, noops).values()) == ["requested", "scheduled"]
+
+
+def test_picking_executor_run_work_does_not_scan_the_backlog(conn: Conn) -> None:
+    """pick_executor_run runs every round: behind thousands of requested worker-run
+    executions it must reach the few core.ask / workflow ones through the index, not walk
+    the backlog (it did: 5 ms a round behind 20,000, a plan chosen from the statistics)."""
+    with conn.transaction():
+        request_executions(conn, [("core.noop", {})] * 3000)
+    ask = request(conn, 1, "core.ask", {"prompt": "ok?"})[0]
+    conn.execute("ANALYZE execution")
+    with conn.transaction():
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["pick_executor_run"], {"limit": 500}).fetchone()
+        picked = conn.execute(Q["pick_executor_run"], {"limit": 500}).fetchall()
+    assert plan is not None
+    assert [r["id"] for r in picked] == [ask]
+    nodes = _nodes(plan["QUERY PLAN"][0]["Plan"])
+    read = sum(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in nodes
+               if n.get("Relation Name") == "execution")  # fmt: skip
+    assert read < 50, f"{read} execution rows read to pick one"
 
 
 @pytest.mark.parametrize(
@@ -114,3 +134,8 @@ async def test_the_sdk_answers_and_a_wait_returns_the_answer(
         assert [(r["responder"], r["role"], r["data"]) for r in full["responses"]] == audit(conn, inquiry["id"])
     with Client(db_url, SCHEMA) as nobody, pytest.raises(ConveyorError, match="who answers"):
         nobody.respond(inquiry["id"], {"approved": True})
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan node and every node under it."""
+    return [plan, *(n for sub in plan.get("Plans", []) for n in _nodes(sub))]

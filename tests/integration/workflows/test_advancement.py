@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from conveyor import failpoints
 from conveyor.executor.workflows import Advancer
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.workflows.state import ChildEnded, Dispatch, NewChild, Started, Step, TaskRun
@@ -37,6 +40,28 @@ async def test_a_step_requests_children_and_consumes_events(conn: Conn, pool: Po
     # Nothing pending: the next pass does nothing and asks nothing.
     assert (await Advancer(pool, decide=decide).run_pass()).advanced == 0
     assert len(decide.calls) == 1
+
+
+async def test_failpoints_are_reached_in_order_inside_and_after_the_transaction(
+    conn: Conn, pool: Pool, transport: PostgresTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The advancement is pipelined: each point must still be where failpoints.py says --
+    # the three first inside the uncommitted transaction (with before_commit armed, its
+    # statements executed first), after_commit once the children are visible to others.
+    eid = await started(conn, pool, transport)
+    seen: list[tuple[str, int, int]] = []
+
+    def reach(name: str) -> None:
+        if name.startswith("workflow."):
+            seen.append((name, len(children(conn, eid)), len(events(conn, eid))))
+
+    monkeypatch.setattr(failpoints, "reach", reach)
+    monkeypatch.setattr(failpoints, "armed", lambda name: name == "workflow.before_commit")
+    assert (await Advancer(pool, decide=Scripted(Step(context={}, children=(ECHO,)))).run_pass()).advanced == 1
+    assert seen == [
+        ("workflow.after_dispatch_row", 0, 1), ("workflow.after_child_row", 0, 1),
+        ("workflow.before_commit", 0, 1), ("workflow.after_commit", 1, 0),
+    ]  # fmt: skip
 
 
 async def test_a_childs_end_reaches_the_conductor_once(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:

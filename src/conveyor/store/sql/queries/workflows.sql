@@ -1,16 +1,3 @@
--- name: workflows_pending
--- Workflow executions with events to apply, oldest event first. Not those whose
--- execution has not started yet (a rerun's state is made before its execution is
--- claimed: its 'rerun' event waits for start_workflows).
-SELECT ev.workflow_execution AS id
-FROM workflow_event ev
-JOIN workflow_execution w ON w.id = ev.workflow_execution
-JOIN execution e ON e.id = w.execution
-WHERE e.status NOT IN ('requested', 'scheduling', 'scheduled')
-GROUP BY ev.workflow_execution
-ORDER BY min(ev.id)
-LIMIT %(limit)s;
-
 -- name: workflow_try_lock
 -- Advancement is serialized per workflow: this transaction-scoped advisory lock, then
 -- the row lock (workflow_lock). A replica that finds it taken skips the workflow: the
@@ -19,6 +6,26 @@ LIMIT %(limit)s;
 -- ids locked (taken in id order: two replicas' batches never wait on each other).
 SELECT x.id FROM (SELECT DISTINCT id FROM unnest(%(ids)s::bigint[]) AS u(id) ORDER BY id) x
 WHERE pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || x.id, 0));
+
+-- name: workflow_pending_try_lock
+-- The workflows with events to apply and workflow_try_lock in one statement, the first of
+-- the transaction that advances them (a pass costs no read before it): the workflows with
+-- events to apply (not those whose execution has not started yet: a rerun's state is made
+-- before its execution is claimed, its 'rerun' event waits for start_workflows), oldest
+-- event first, each with whether its advisory lock was taken here (not
+-- locked: another replica is advancing it -- see workflow_try_lock).
+WITH pending AS (
+    SELECT ev.workflow_execution AS id
+    FROM workflow_event ev
+    JOIN workflow_execution w ON w.id = ev.workflow_execution
+    JOIN execution e ON e.id = w.execution
+    WHERE e.status NOT IN ('requested', 'scheduling', 'scheduled')
+    GROUP BY ev.workflow_execution
+    ORDER BY min(ev.id)
+    LIMIT %(limit)s
+)
+SELECT p.id, pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.workflow.' || p.id, 0)) AS locked
+FROM (SELECT id FROM pending ORDER BY id) p;
 
 -- name: workflow_lock
 -- The workflows' state rows, locked until commit, with their executions' status and
