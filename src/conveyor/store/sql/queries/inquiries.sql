@@ -74,6 +74,10 @@ SELECT i.id, i.execution, i.status, i.prompt, i.schema, i.assignees, i.quorum, i
 FROM inquiry i JOIN execution e ON e.id = i.execution
 WHERE i.id = %(id)s;
 
+-- name: inquiry_of_execution
+-- The inquiry an execution (core.ask) asked, if any: its id and status.
+SELECT id, status FROM inquiry WHERE execution = %(id)s;
+
 -- name: inquiry_responses
 -- The audit of one inquiry: every answer, oldest first.
 SELECT responder, role, data, created FROM inquiry_response WHERE inquiry = %(id)s ORDER BY id;
