@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.api.dashboard.layout import GAP_Y, LABEL_MAX, NODE_H, layout
+from conveyor.api.dashboard.layout import FONT_NAME, GAP_Y, NODE_H, NODE_W, PAD_X, fit, layout, text_width
 from conveyor.workflows.graph import describe, graph
 from conveyor.workflows.spec import TaskSpec, Transition, WithItems, WorkflowSpec
 
@@ -91,11 +91,26 @@ def test_a_cycle_without_a_start_task_is_still_drawn() -> None:
 def test_empty_and_long_names() -> None:
     empty = layout(graph(WorkflowSpec("t.empty")))
     assert (empty.boxes, empty.lines) == ((), ())
-    long = "x" * 100
-    (box,) = layout(graph(spec({long: []}))).boxes
-    assert box.name == long
-    assert len(box.label) == LABEL_MAX
-    assert box.label.endswith("…")
+    room = NODE_W - 2 * PAD_X
+    for name in ["x" * 100, "build_windows_and_macos_together", "W" * 30, "日本語のタスク名" * 3]:
+        (box,) = layout(graph(spec({name: []}))).boxes
+        assert box.name == name
+        kept = box.label[:-1]
+        assert box.label.endswith("…"), box.label
+        assert name.startswith(kept), box.label
+        assert text_width(box.label, FONT_NAME) <= room, box.label  # it fits ...
+        assert text_width(name[: len(kept) + 1] + "…", FONT_NAME) > room, box.label  # ... and one more would not
+    (short,) = layout(graph(spec({"checkout": []}))).boxes
+    assert short.label == "checkout"
+
+
+def test_text_is_cut_by_its_width_not_its_length() -> None:
+    # Measured in Chromium with DejaVu Sans Bold at 12 px: 22 characters of this name took
+    # 176 px, more than a box had; the estimate must be at least the real width.
+    assert text_width("build_windows_and_mac…", 12) >= 176
+    assert len(fit("i" * 60, 100, 12)) > len(fit("m" * 60, 100, 12))
+    assert fit("exactly", text_width("exactly", 12), 12) == "exactly"
+    assert fit("abc", 1, 12) == "…"  # nothing fits: the ellipsis alone
 
 
 def test_rows_follow_their_parents_to_avoid_crossings() -> None:

@@ -156,6 +156,15 @@ def test_the_graph_colours_tasks_by_their_latest_state_and_links_single_children
     assert "style=" not in out  # the CSP forbids inline style
 
 
+def test_a_long_note_is_cut_to_its_box_and_whole_in_the_tooltip() -> None:
+    states = [{"task": "push", "iteration": 11, "status": "succeeded", "items_total": 100000, "items_done": 100000,
+               "child": None}]  # fmt: skip
+    (push,) = [t for t in graph_view(deploy().to_json(), states).tasks if t.box.name == "push"]
+    assert push.note.endswith("…")
+    assert "succeeded · ×12 · 100000/100000 items".startswith(push.note[:-1])
+    assert push.title.endswith(": succeeded · ×12 · 100000/100000 items")
+
+
 def test_a_task_not_entered_is_drawn_as_not_started_and_names_are_escaped() -> None:
     spec = WorkflowSpec("t.x", tasks={"<b>&x": TaskSpec("<b>&x", "core.noop")})
     view = graph_view(spec.to_json())

@@ -15,13 +15,27 @@ from dataclasses import dataclass
 
 from conveyor.workflows.graph import Graph
 
-NODE_W = 168
+NODE_W = 180
 NODE_H = 38
 GAP_X = 28
 GAP_Y = 54
 MARGIN = 12
 BULGE = 44  # room on the right for edges drawn back up
-LABEL_MAX = 22  # characters of a task name shown in its box (the whole name is its tooltip)
+PAD_X = 6  # room between a box's side and its text
+FONT_NAME = 12.0  # px: a task's name (bold), .wf-graph's font-size in dashboard.css
+FONT_NOTE = 11.0  # px: the note under it, .wf-note's
+# Advance widths in em, each group's widest in DejaVu Sans Bold -- the widest common sans-serif
+# face, the one Debian's Chromium draws system-ui with -- so that text cut to fit by these
+# figures fits whatever face the browser picks (a count of characters did not: 22 wide
+# letters ran out of the box). Anything else (another script, a symbol) counts 1.1 em.
+_EM = {
+    **dict.fromkeys("'ijl.,:;|/\\IJ ·", 0.40),
+    **dict.fromkeys('-ft!()[]r_`"*', 0.52),
+    **dict.fromkeys("abcdeghknopqsuvxyz0123456789$?{}", 0.73),
+    **dict.fromkeys("ABCDEFGHKLNOPQRSTUVXYZ#+<=>^~&×", 0.87),
+    "w": 0.92,
+    **dict.fromkeys("mM%@…", 1.04),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +112,23 @@ def _layers(names: list[str], forward: dict[str, list[str]]) -> dict[str, int]:
     return layer
 
 
-def _label(name: str) -> str:
-    return name if len(name) <= LABEL_MAX else name[: LABEL_MAX - 1] + "…"
+def text_width(text: str, size: float) -> float:
+    """An upper bound of ``text``'s width in pixels at font size ``size`` (see _EM)."""
+    return size * sum(_EM.get(ch, 1.1) for ch in text)
+
+
+def fit(text: str, width: float, size: float) -> str:
+    """``text``, or as much of it as fits in ``width`` pixels followed by "…" (the whole
+    text is the box's tooltip)."""
+    if text_width(text, size) <= width:
+        return text
+    room, used, kept = width - text_width("…", size), 0.0, 0
+    for ch in text:
+        used += size * _EM.get(ch, 1.1)
+        if used > room:
+            break
+        kept += 1
+    return text[:kept] + "…"
 
 
 def _path(a: Box, b: Box, back: bool) -> str:
@@ -149,7 +178,14 @@ def layout(graph: Graph) -> Layout:
         span = len(row) * NODE_W + (len(row) - 1) * GAP_X
         left = MARGIN + (inner - span) / 2
         for k, n in enumerate(row):
-            boxes[n] = Box(n, _label(n), action[n], i, left + k * (NODE_W + GAP_X), MARGIN + i * (NODE_H + GAP_Y))
+            boxes[n] = Box(
+                n,
+                fit(n, NODE_W - 2 * PAD_X, FONT_NAME),
+                action[n],
+                i,
+                left + k * (NODE_W + GAP_X),
+                MARGIN + i * (NODE_H + GAP_Y),
+            )
     lines = tuple(Line(s, t, _path(boxes[s], boxes[t], (s, t) in back), (s, t) in back) for s in names for t in succ[s])
     width = MARGIN * 2 + inner + BULGE
     height = MARGIN * 2 + depth * NODE_H + max(depth - 1, 0) * GAP_Y

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.api.dashboard.layout import Box, Layout, layout
+from conveyor.api.dashboard.layout import FONT_NOTE, PAD_X, Box, Layout, fit, layout
 from conveyor.store.queries import Q
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
@@ -55,7 +55,8 @@ def graph_view(definition: Mapping[str, Any], states: Sequence[Mapping[str, Any]
             parts.append(f"{s['items_done']}/{s['items_total']} items")
         note = " · ".join(parts)
         href = f"/executions/{s['child']}" if s.get("child") else None
-        tasks.append(TaskView(box, state, note, f"{box.name} ({action}): {note}", href))
+        shown = fit(note, box.w - 2 * PAD_X, FONT_NOTE)  # the whole note is in the tooltip
+        tasks.append(TaskView(box, state, shown, f"{box.name} ({action}): {note}", href))
     return GraphView(placed, tuple(tasks))
 
 
