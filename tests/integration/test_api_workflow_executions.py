@@ -160,7 +160,8 @@ async def test_rerun_from_failed(api: Api, pool: AsyncConnectionPool[Any], trans
     assert (new["action_ref"], new["status"], new["parameters"]) == ("tests.fan", "requested", {})
     tree = (await api.get(f"/api/v1/executions/{new['id']}/tree")).json()
     assert tree["rerun_of"] == eid
-    assert [t["task"] for t in tree["tasks"]] == ["prepare"]  # kept; each runs again
+    # Copied whole (the failed 'each' too): the rerun starts it again as a new iteration.
+    assert [(t["task"], t["status"]) for t in tree["tasks"]] == [("prepare", "succeeded"), ("each", "failed")]
     assert tree["tasks"][0]["children"][0]["execution"] == ids["prepare"]
     plain = await request(api)
     assert "not a workflow execution" in error_of(await api.post(f"/api/v1/executions/{plain}/rerun", json=body), 404)

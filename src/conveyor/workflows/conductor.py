@@ -240,12 +240,20 @@ class _Conductor(Flow):
     # -- rerun ------------------------------------------------------------------------
 
     def rerun(self, event: Rerun) -> None:
-        if self.status not in TERMINAL:
+        """The state was copied from the failed execution (rerun_execution, migration
+        0013): start each listed failed instance again, as a new iteration. Only an
+        instance that is still its task's latest is started, so a replayed event starts
+        nothing twice."""
+        if self.status not in TERMINAL and self.status != "running":
             return
+        ended = self.status in TERMINAL
+        listed = set(event.tasks)
+        again = [self.tasks[k] for k in event.tasks
+                 if k in self.tasks and self.tasks[k].status == "failed" and self.latest.get(k[0]) == k[1]]  # fmt: skip
+        if not again and not ended:
+            return  # nothing failed is left to start (a replay): the end is decided as usual
         self.status = "running"
         self.errors = []
-        listed = set(event.tasks)
-        again = [self.tasks[k] for k in event.tasks if k in self.tasks and self.tasks[k].status == "failed"]
         if not again:
             names = ", ".join(f"{name}#{iteration}" for name, iteration in event.tasks) or "none"
             self.fail(None, f"nothing to rerun: no failed task instance among {names}", type="rerun")

@@ -126,10 +126,12 @@ async def test_rerun_from_failed_keeps_what_succeeded(conn: Conn, pool: Pool, tr
     copy = state(conn, again)
     assert copy is not None
     assert (copy["rerun_of"], copy["context"], copy["version"]) == (wid, {"v": 1}, 1)
-    assert [(d["task_name"], d["status"]) for d in dispatches(conn, again)] == [("t0", "succeeded")]
-    tasks = conn.execute("SELECT task_name, status FROM workflow_task WHERE workflow_execution = %s",
-                         (copy["id"],)).fetchall()  # fmt: skip
-    assert tasks == [{"task_name": "t0", "status": "succeeded"}]
+    # Copied whole: the conductor's rerun starts the failed instance as a new iteration.
+    assert [(d["task_name"], d["status"]) for d in dispatches(conn, again)] == [("t0", "succeeded"),
+                                                                                 ("t1", "failed")]  # fmt: skip
+    tasks = conn.execute("SELECT task_name, status FROM workflow_task WHERE workflow_execution = %s"
+                         " ORDER BY task_name", (copy["id"],)).fetchall()  # fmt: skip
+    assert tasks == [{"task_name": "t0", "status": "succeeded"}, {"task_name": "t1", "status": "failed"}]
     assert events(conn, again) == [("rerun", {"tasks": [["t1", 0]], "by": "me", "rerun_of": eid})]
     # Not advanced before its execution starts; started, it is not started again from scratch.
     assert (await advancer.run_pass()).advanced == 0
@@ -139,8 +141,9 @@ async def test_rerun_from_failed_keeps_what_succeeded(conn: Conn, pool: Pool, tr
     await advancer.run_pass()
     assert decide.calls[-1][1] == [Rerun((("t1", 0),))]
     given = decide.calls[-1][0]
-    assert {key: t.status for key, t in given.tasks.items()} == {("t0", 0): "succeeded"}
-    assert {key: d.status for key, d in given.dispatches.items()} == {("t0", 0, None): "succeeded"}
+    assert {key: t.status for key, t in given.tasks.items()} == {("t0", 0): "succeeded", ("t1", 0): "failed"}
+    assert {key: d.status for key, d in given.dispatches.items()} == {("t0", 0, None): "succeeded",
+                                                                      ("t1", 0, None): "failed"}  # fmt: skip
 
 
 async def test_rerun_refused_while_running(conn: Conn, pool: Pool, transport: PostgresTransport) -> None:

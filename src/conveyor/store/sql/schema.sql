@@ -848,27 +848,31 @@ BEGIN
     IF NOT p_from_failed THEN
         RETURN new_id;  -- started like any request (start_workflows), rerun_of unset
     END IF;
-    INSERT INTO workflow_execution (execution, workflow_ref, version, status, context, depth, cancel_policy, rerun_of)
-    VALUES (new_id, wf.workflow_ref, wf.version, 'running', wf.context, 0, 'allow_finish', wf.id)
+    -- The state is copied whole, as the failed execution left it: the conductor's rerun
+    -- (workflows/conductor.py) starts each failed task instance again as a new iteration
+    -- and keeps what completed (and the succeeded instances' results). A cancelled
+    -- instance, or one still running when a workflow timeout ended the workflow (its
+    -- children were cancelled), is copied as failed: the rerun starts it again too.
+    INSERT INTO workflow_execution (execution, workflow_ref, version, status, context, errors, depth, cancel_policy,
+                                    rerun_of)
+    VALUES (new_id, wf.workflow_ref, wf.version, 'running', wf.context, '[]', 0, 'allow_finish', wf.id)
     RETURNING workflow_execution.id INTO new_wf;
     SELECT coalesce(jsonb_agg(jsonb_build_array(t.task_name, t.iteration) ORDER BY t.task_name, t.iteration), '[]')
     INTO reset FROM workflow_task t
-    WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled');
+    WHERE t.workflow_execution = wf.id AND t.status IN ('failed', 'cancelled', 'running');
     INSERT INTO workflow_task (workflow_execution, task_name, iteration, status, arrivals, items_total, items,
                                concurrency, result, error, ended)
-    SELECT new_wf, t.task_name, t.iteration, t.status, t.arrivals, t.items_total, t.items, t.concurrency, t.result,
-           t.error, t.ended
+    SELECT new_wf, t.task_name, t.iteration,
+           CASE WHEN t.status IN ('cancelled', 'running') THEN 'failed' ELSE t.status END,
+           t.arrivals, t.items_total, t.items, t.concurrency, t.result, t.error, t.ended
     FROM workflow_task t
-    WHERE t.workflow_execution = wf.id AND t.status NOT IN ('failed', 'cancelled');
-    -- Children of kept tasks, and the succeeded items of reset ones (their results stand).
+    WHERE t.workflow_execution = wf.id;
     INSERT INTO workflow_task_dispatch (workflow_execution, task_name, task_index, iteration, execution, retry,
                                        status, result)
-    SELECT new_wf, d.task_name, d.task_index, d.iteration, d.execution, d.retry, d.status, d.result
+    SELECT new_wf, d.task_name, d.task_index, d.iteration, d.execution, d.retry,
+           CASE WHEN d.status = 'running' THEN 'cancelled' ELSE d.status END, d.result
     FROM workflow_task_dispatch d
-    LEFT JOIN workflow_task t ON t.workflow_execution = d.workflow_execution AND t.task_name = d.task_name
-                             AND t.iteration = d.iteration
-    WHERE d.workflow_execution = wf.id
-      AND (coalesce(t.status, 'running') NOT IN ('failed', 'cancelled') OR d.status = 'succeeded');
+    WHERE d.workflow_execution = wf.id;
     INSERT INTO workflow_event (workflow_execution, kind, payload)
     VALUES (new_wf, 'rerun', jsonb_build_object('tasks', reset, 'by', p_by, 'rerun_of', p_id));
     RETURN new_id;
