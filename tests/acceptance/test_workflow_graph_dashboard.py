@@ -2,7 +2,7 @@
 (as test_dashboard.py drives it) against real ``executor``, ``worker`` and ``api``
 processes. The workflow fans out to two builds and an approval (``core.ask``), joins them
 (``join: all``) and publishes: while the inquiry is pending the graph shows some tasks
-succeeded, the approval running, the join waiting and the last task not started -- each
+succeeded, the approval pending (waiting for its answer), the join waiting and the last task not started -- each
 as the database says; once the inquiry is answered from the CLI the same page, not
 reloaded, shows every task succeeded and the execution completed. Screenshots of both
 go to ``$CONVEYOR_TEST_ARTIFACTS/workflow-graph`` (default ``test-artifacts/``)."""
@@ -61,7 +61,7 @@ tasks:
 """
 TASKS = ["checkout", "build_linux", "build_windows_and_macos_together", "approve", "package", "publish"]
 WAITING = {"checkout": "succeeded", "build_linux": "succeeded", "build_windows_and_macos_together": "succeeded",
-           "approve": "running", "package": "waiting", "publish": "none"}  # fmt: skip
+           "approve": "pending", "package": "waiting", "publish": "none"}  # fmt: skip
 
 
 @pytest.fixture
@@ -82,7 +82,12 @@ def _task_states(db: Db, eid: int) -> dict[str, str]:
     """Each task's latest instance's status, "none" for a task not entered: what the graph
     must show, read from the database alone."""
     rows = db.execute(
-        "SELECT DISTINCT ON (t.task_name) t.task_name, t.status FROM workflow_task t"
+        # A running task whose current child waits for an answer is shown pending.
+        "SELECT DISTINCT ON (t.task_name) t.task_name, CASE WHEN t.status = 'running' AND EXISTS ("
+        " SELECT 1 FROM workflow_task_dispatch d JOIN execution e ON e.id = d.execution"
+        " WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name"
+        " AND d.iteration = t.iteration AND e.status = 'pending') THEN 'pending' ELSE t.status END AS status"
+        " FROM workflow_task t"
         " JOIN workflow_execution w ON w.id = t.workflow_execution WHERE w.execution = %s"
         " ORDER BY t.task_name, t.iteration DESC",
         (eid,),
@@ -196,7 +201,7 @@ def test_in_chromium_the_graph_shows_live_task_states(procs: Procs, db: Db, arti
             cut = before["nodes"]["build_windows_and_macos_together"]["text"]  # too long: cut, and it fits
             assert cut.endswith("…"), cut
             assert "build_windows_and_macos_together".startswith(cut[:-1]), cut
-            expect(graph.locator('g[data-task="approve"] .wf-note')).to_have_text("running")
+            expect(graph.locator('g[data-task="approve"] .wf-note')).to_have_text("pending")
             expect(graph.locator('g[data-task="publish"] .wf-note')).to_have_text("not started")
             _check_geometry(before)
 

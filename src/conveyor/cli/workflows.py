@@ -133,7 +133,14 @@ def delete(ref: Ref) -> None:
 
 # -- a workflow execution's task tree (`conveyor executions get ID`) -----------------------
 
-_TASK_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan", "waiting": "white"}
+_TASK_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "waiting": "white",
+    "pending": "magenta",
+}
 
 
 def _child_cells(c: dict[str, Any]) -> list[str | Text]:

@@ -15,8 +15,9 @@ from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
 
 TREE_ITEMS = 20  # child chains shown per task instance on an execution's page
-# A task's state as drawn: the conductor's task statuses, plus "none" (not entered yet).
-TASK_STATES = ("none", "waiting", "running", "succeeded", "failed", "cancelled")
+# A task's state as drawn: the conductor's task statuses, plus "none" (not entered yet) and
+# "pending" (running, waiting for an inquiry's answer: workflow_task_states).
+TASK_STATES = ("none", "waiting", "running", "pending", "succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,19 @@ WHERE w.execution = %(id)s;
 -- A workflow execution's task instances (oldest first), each with its child chains --
 -- at most %(items)s of them, by item index; children_total and counts (by dispatch
 -- status) cover them all -- and each child's status, attempt and a summary of its result
--- (its error, else its returned data, else the result; 120 characters).
-SELECT t.task_name AS task, t.iteration, t.status, t.items_total, t.error, t.created, t.ended,
+-- (its error, else its returned data, else the result; 120 characters). A running task
+-- whose running children all wait for an answer (core.ask) shows as pending.
+SELECT t.task_name AS task, t.iteration,
+       CASE WHEN t.status = 'running' AND EXISTS (
+                SELECT 1 FROM workflow_task_dispatch d JOIN execution e ON e.id = d.execution
+                WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
+                  AND d.iteration = t.iteration AND d.status = 'running' AND e.status = 'pending')
+            AND NOT EXISTS (
+                SELECT 1 FROM workflow_task_dispatch d JOIN execution e ON e.id = d.execution
+                WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
+                  AND d.iteration = t.iteration AND d.status = 'running' AND e.status <> 'pending')
+            THEN 'pending' ELSE t.status END AS status,
+       t.items_total, t.error, t.created, t.ended,
        coalesce((
            SELECT jsonb_agg(to_jsonb(c) ORDER BY c."index" NULLS FIRST)
            FROM (
@@ -94,8 +105,19 @@ ORDER BY t.created, t.iteration, t.task_name;
 
 -- name: workflow_task_states
 -- Each task's latest instance (the dashboard's graph colours): status, iteration, for a
--- `with` task how many items ended, and the child execution of a task without items.
-SELECT DISTINCT ON (t.task_name) t.task_name AS task, t.iteration, t.status, t.items_total,
+-- `with` task how many items ended, and the child execution of a task without items. A
+-- running task whose running children all wait for an answer (core.ask) shows as pending.
+SELECT DISTINCT ON (t.task_name) t.task_name AS task, t.iteration,
+       CASE WHEN t.status = 'running' AND EXISTS (
+                SELECT 1 FROM workflow_task_dispatch d JOIN execution e ON e.id = d.execution
+                WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
+                  AND d.iteration = t.iteration AND d.status = 'running' AND e.status = 'pending')
+            AND NOT EXISTS (
+                SELECT 1 FROM workflow_task_dispatch d JOIN execution e ON e.id = d.execution
+                WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
+                  AND d.iteration = t.iteration AND d.status = 'running' AND e.status <> 'pending')
+            THEN 'pending' ELSE t.status END AS status,
+       t.items_total,
        (SELECT count(*) FROM workflow_task_dispatch d
         WHERE d.workflow_execution = t.workflow_execution AND d.task_name = t.task_name
           AND d.iteration = t.iteration AND d.status <> 'running') AS items_done,
