@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from conveyor import verbs
+from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
@@ -55,15 +57,25 @@ def request_execution(
     schema: str = "conveyor",
     idempotency_key: str | None = None,
     requested_by: str | None = None,
+    not_before: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> int:
     """Create an execution in ``requested`` within ``conn``'s current transaction. With
     ``idempotency_key``, a retry with the same key returns the first execution (for at
     least executor.idempotency_key_retention); the key reused for another request raises
     ConflictError. ``requested_by``: who asks (execution.requested_by; an inquiry with
     ``forbid_requester`` refuses this name's answer); it is set for the rest of the
-    transaction (``SET LOCAL conveyor.requested_by``)."""
+    transaction (``SET LOCAL conveyor.requested_by``). ``not_before`` (timezone-aware) or
+    ``delay`` (from the database's now(), not this machine's clock): it stays ``requested``
+    until then; a time already past means now. Not part of the idempotency check."""
     params = parameters or {}
     check_idempotency_key(idempotency_key)
+    if not_before is not None and delay is not None:
+        raise DelayError("give not_before or delay, not both")
+    if not_before is not None:
+        check_aware(not_before)
+    if delay is not None:
+        check_delay(delay)
     validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
     # A savepoint: a refusal by the database (CVA01/CVA02/CVA03) is raised as a ConveyorError
     # and must leave the caller's transaction usable, as a client-side refusal does.
@@ -71,8 +83,11 @@ def request_execution(
         if requested_by is not None:
             cur.execute(Q["set_requested_by"], {"by": requested_by})
         cur.execute(
-            sql.SQL("SELECT {}.request_execution(%s, %s, idempotency_key => %s)").format(sql.Identifier(schema)),
-            (action_ref, Jsonb(params), idempotency_key),
+            sql.SQL(
+                "SELECT {}.request_execution(%s, %s, idempotency_key => %s,"
+                " not_before => coalesce(%s::timestamptz, now() + %s::interval))"
+            ).format(sql.Identifier(schema)),
+            (action_ref, Jsonb(params), idempotency_key, not_before, delay),
         )
         row = cur.fetchone()
     assert row is not None
@@ -126,7 +141,13 @@ class Client(WorkflowMethods):
         self.close()
 
     def request(
-        self, action_ref: str, parameters: dict[str, Any] | None = None, *, idempotency_key: str | None = None
+        self,
+        action_ref: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        not_before: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> int:
         with self.conn.transaction():
             return request_execution(
@@ -136,6 +157,8 @@ class Client(WorkflowMethods):
                 schema=self.schema,
                 idempotency_key=idempotency_key,
                 requested_by=self.user,
+                not_before=not_before,
+                delay=delay,
             )
 
     def get(self, execution_id: int, *, with_attempts: bool = True) -> Execution:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conveyor.actions.registry import AdmissionPolicy
 
@@ -15,6 +15,20 @@ class ExecutionRequest(BaseModel):
 
     action_ref: str = Field(..., min_length=1, max_length=255, examples=["core.echo"])
     parameters: dict[str, Any] = Field(default_factory=dict, examples=[{"message": "test"}])
+    # AwareDatetime: a time without an offset is refused (422), not guessed at.
+    not_before: AwareDatetime | None = Field(
+        None,
+        examples=["2026-11-25T12:00:05+00:00"],
+        description="RFC 3339 with a UTC offset: it waits in 'requested' until then (a past time means now)",
+    )
+
+    @field_validator("not_before", mode="before")
+    @classmethod
+    def _a_string(cls, value: Any) -> Any:
+        # pydantic would take a number for a Unix time: RFC 3339 text only.
+        if value is not None and not isinstance(value, str):
+            raise ValueError("give RFC 3339 text with a UTC offset, e.g. 2026-11-25T12:00:05+00:00")
+        return value
 
 
 class AttemptOut(BaseModel):
@@ -58,6 +72,9 @@ class ExecutionOut(BaseModel):
     ended: datetime | None
     cancelled_by: str | None = Field(None, description="who asked for its cancellation, if anyone did")
     requested_by: str | None = Field(None, description="who requested it (a token's name, a CLI user), if known")
+    not_before: datetime | None = Field(
+        None, description="requested: not placed before this time (a delay or a retry's backoff)"
+    )
     attempts: list[AttemptOut] | None = None
     admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
 
@@ -87,6 +104,9 @@ class ExecutionSummaryOut(BaseModel):
         None, description="the result without stdout, stderr and data (error cut to 300 characters)"
     )
     result_size: int | None = Field(None, description="bytes the result takes as stored (compressed); null: none yet")
+    not_before: datetime | None = Field(
+        None, description="requested: not placed before this time (a delay or a retry's backoff)"
+    )
 
 
 class ExecutionPage(BaseModel):

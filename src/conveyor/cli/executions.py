@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -35,8 +36,10 @@ _STYLE = {
 }
 
 
-def _status(status: str) -> Text:
-    return styled(status, _STYLE.get(status, "white"))
+def _status(status: str, not_before: datetime | None = None) -> Text:
+    # A delayed request (or a retry's backoff) says until when it waits.
+    shown = f"{status} (at {not_before.astimezone().strftime('%H:%M:%S')})" if not_before else status
+    return styled(shown, _STYLE.get(status, "white"))
 
 
 @app.command("list")
@@ -61,7 +64,13 @@ def executions_table(rows: Sequence[Execution | ExecutionSummary]) -> Table:
     for e in rows:
         duration = f"{(e.ended - e.started).total_seconds():.3f}s" if e.started and e.ended else "-"
         table.add_row(
-            str(e.id), e.action_ref, _status(e.status), str(e.attempt), e.worker_name or "-", when(e.created), duration
+            str(e.id),
+            e.action_ref,
+            _status(e.status, e.not_before),
+            str(e.attempt),
+            e.worker_name or "-",
+            when(e.created),
+            duration,
         )
     return table
 
@@ -156,8 +165,17 @@ def rerun(
 
 def show_execution(e: Execution, admission: dict[str, Any] | None = None) -> None:
     console.print(
-        line((f"execution {e.id}", "bold"), "  ", e.action_ref, "  ", _status(e.status), f"  attempt {e.attempt}")
+        line(
+            (f"execution {e.id}", "bold"),
+            "  ",
+            e.action_ref,
+            "  ",
+            _status(e.status, e.not_before),
+            f"  attempt {e.attempt}",
+        )
     )
+    if e.not_before is not None:
+        console.print(f"  not before {when(e.not_before)}", highlight=False)
     console.print(f"  parameters: {json.dumps(e.parameters)}", highlight=False)
     console.print(f"  created {when(e.created)}  started {when(e.started)}  ended {when(e.ended)}")
     if e.requested_by is not None:

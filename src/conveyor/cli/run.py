@@ -1,4 +1,4 @@
-"""``conveyor run ACTION key=value ... [--wait]``."""
+"""``conveyor run ACTION key=value ... [--wait] [--at TIME | --in DURATION]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 
 from conveyor.cli.context import JsonOption, console, print_json, state
 from conveyor.cli.executions import show_execution
+from conveyor.domain.delays import DelayError, parse_at, parse_duration
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.status import ExecutionStatus
@@ -80,14 +81,29 @@ def run(
             "not a new one (keys are kept at least 24 h).",
         ),
     ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Not before this time: ISO 8601 with a UTC offset, e.g. 2026-11-25T12:00:05+00:00."),
+    ] = None,
+    in_: Annotated[
+        str | None,
+        typer.Option("--in", help="Not before this long from now (the database's clock), e.g. 30s, 5m, 1h30m."),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
-    """Request an execution. Without --wait, print its id alone (for scripts)."""
+    """Request an execution. Without --wait, print its id alone (for scripts). With --at or
+    --in it waits in 'requested' until then."""
     check_idempotency_key(idempotency_key)  # before connecting: a typo is told at once
+    if at is not None and in_ is not None:
+        raise DelayError("give --at or --in, not both")
+    not_before = parse_at(at) if at is not None else None
+    delay = parse_duration(in_) if in_ is not None else None
     with state.client() as client:
         definition = client.action(action)
         params = parse_parameters(parameters or [], definition["parameters_schema"])
-        execution_id = client.request(action, params, idempotency_key=idempotency_key)
+        execution_id = client.request(
+            action, params, idempotency_key=idempotency_key, not_before=not_before, delay=delay
+        )
         if not wait:
             if as_json:
                 print_json({"id": execution_id})

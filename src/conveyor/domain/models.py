@@ -44,6 +44,7 @@ class Execution:
     ended: datetime | None
     cancelled_by: str | None = None  # who asked for its cancellation (execution.cancelled_by)
     requested_by: str | None = None  # who requested it (execution.requested_by), if known
+    not_before: datetime | None = None  # requested and waiting until then (a delay, a retry's backoff)
     attempts: tuple[Attempt, ...] = field(default=())
 
 
@@ -76,6 +77,7 @@ class ExecutionSummary:
     parameters_size: int  # bytes as stored (compressed)
     result_summary: dict[str, JSON] | None  # the result without stdout, stderr and data
     result_size: int | None  # bytes as stored (compressed); None: no result yet
+    not_before: datetime | None = None  # requested and waiting until then (a delay, a retry's backoff)
 
 
 def summary_fields(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -141,7 +141,20 @@ class ExecutorService:
                 continue
             if result.claimed and result.dispatched + result.failed + result.asked == result.claimed:
                 continue  # a full round placed everything: there may be more waiting
-            await self._bell.wait(poll)
+            # Idle: sleep until the next wake-up, the poll, or the earliest delayed request
+            # (not_before), whichever comes first -- so it is placed at its time.
+            await self._bell.wait(await self._until_next_delayed(poll))
+
+    async def _until_next_delayed(self, poll: float) -> float:
+        try:
+            async with self._pool.connection() as conn:
+                row = await (await conn.execute(Q["next_not_before"])).fetchone()
+        except psycopg.OperationalError:
+            return poll  # the next round reports the outage
+        wait = row["wait"] if row else None
+        # A floor: the event loop's timer may fire a little early; then the next round
+        # finds nothing and this comes round again with the small remainder.
+        return poll if wait is None else max(0.001, min(poll, float(wait)))
 
     async def _workflow_loop(self, stop: asyncio.Event) -> None:
         """Advance workflows with pending events (executor/workflows.py): woken by the

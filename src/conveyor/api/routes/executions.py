@@ -63,7 +63,12 @@ IdempotencyKey = Annotated[
 
 
 async def request_execution(
-    conn: Any, ref: str, parameters: dict[str, Any], key: str | None = None, by: str | None = None
+    conn: Any,
+    ref: str,
+    parameters: dict[str, Any],
+    key: str | None = None,
+    by: str | None = None,
+    not_before: datetime | None = None,
 ) -> tuple[int, bool]:
     """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated).
     ``by``: the requester (the token's name), recorded as execution.requested_by."""
@@ -79,7 +84,8 @@ async def request_execution(
         async with conn.transaction():
             row = await (
                 await conn.execute(
-                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s)", (ref, Jsonb(parameters), key)
+                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s, %s)",
+                    (ref, Jsonb(parameters), key, not_before),
                 )
             ).fetchone()
     return int(row["execution_id"]), bool(row["repeated"])
@@ -108,7 +114,9 @@ async def create(
     With an ``Idempotency-Key``, a retry with the same key and body answers 200 with the
     execution of the first try (for at least 24 h) instead of creating another."""
     async with ctx.pool.connection() as conn:
-        eid, repeated = await request_execution(conn, body.action_ref, body.parameters, key, principal.name)
+        eid, repeated = await request_execution(
+            conn, body.action_ref, body.parameters, key, principal.name, body.not_before
+        )
         # Not committed for a client that has hung up (it gave up waiting and may retry):
         # the pool connection's transaction commits only when this block ends.
         if await request.is_disconnected():

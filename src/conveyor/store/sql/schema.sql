@@ -733,19 +733,22 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint, idempotency_key text DEFAULT NULL::text) RETURNS bigint
+CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint, idempotency_key text DEFAULT NULL::text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS bigint
     LANGUAGE sql
     SET search_path TO 'conveyor'
     AS $_$
-    SELECT execution_id FROM request_execution_once($1, $2, $3, $4)
+    SELECT execution_id FROM request_execution_once($1, $2, $3, $4, $5)
 $_$;
 
-CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, OUT execution_id bigint, OUT repeated boolean) RETURNS record
+CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone, OUT execution_id bigint, OUT repeated boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
     AS $$
 DECLARE
     params jsonb := coalesce(request_execution_once.parameters, '{}');
+    -- A time already past is no delay: NULL keeps such rows out of next_not_before's index.
+    delay_until timestamptz := CASE WHEN request_execution_once.not_before > now()
+                                    THEN request_execution_once.not_before END;
     action_schema jsonb;
     problems text[];
     earlier record;
@@ -799,14 +802,14 @@ BEGIN
             ON CONFLICT (key) DO NOTHING;
         END IF;
         IF idempotency_key IS NULL OR FOUND THEN
-            -- (The executors are woken by the insert trigger of 0009.)
-            INSERT INTO execution (id, action_ref, parameters, parent)
-            VALUES (execution_id, request_execution_once.action_ref, params, request_execution_once.parent);
+            -- (The executors are woken by the insert trigger of 0009; they then wait for
+            -- next_not_before.)
+            INSERT INTO execution (id, action_ref, parameters, parent, not_before)
+            VALUES (execution_id, request_execution_once.action_ref, params, request_execution_once.parent,
+                    delay_until);
             repeated := false;
             RETURN;
         END IF;
-        -- A concurrent request with this key committed first: the next turn answers with
-        -- its execution (a fresh snapshot per statement sees it).
     END LOOP;
 END
 $$;
@@ -1834,6 +1837,8 @@ CREATE INDEX execution_created_idx ON conveyor.execution USING btree (created);
 CREATE INDEX execution_idempotency_created_idx ON conveyor.execution_idempotency USING btree (created);
 
 CREATE INDEX execution_idempotency_execution_idx ON conveyor.execution_idempotency USING btree (execution);
+
+CREATE INDEX execution_not_before_idx ON conveyor.execution USING btree (not_before) WHERE ((status = 'requested'::text) AND (not_before IS NOT NULL));
 
 CREATE INDEX execution_on_worker_idx ON conveyor.execution USING btree (worker, id) WHERE (status = ANY (ARRAY['scheduled'::text, 'running'::text, 'canceling'::text]));
 

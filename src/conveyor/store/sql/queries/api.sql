@@ -33,6 +33,8 @@ SELECT count(*)::int AS n FROM api_token WHERE role = 'admin' AND revoked IS NUL
 SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name,
        e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
        e.started, e.ended,
+       -- Only while it still waits (database clock): a delayed request, a retry's backoff.
+       CASE WHEN e.status = 'requested' AND e.not_before > now() THEN e.not_before END AS not_before,
        left(e.parameters::text, 201) AS parameters_head, pg_column_size(e.parameters) AS parameters_size,
        CASE WHEN %(with_result)s::bool THEN
            CASE WHEN jsonb_typeof(e.result) = 'object' THEN e.result - '{stdout,stderr,data}'::text[] END

@@ -156,3 +156,11 @@ SELECT pg_advisory_unlock(hashtextextended(current_schema() || '.duty.' || %(dut
 -- Start claimed workflow executions (scheduling -> running in the executor, no worker):
 -- create-or-get their workflow state with a 'start' event; too deep or deleted: failed.
 SELECT id, status, error FROM start_workflows(%(ids)s::bigint[], %(executor)s, %(max_depth)s);
+
+-- name: next_not_before
+-- Seconds (database clock) until the earliest delayed request becomes claimable, NULL if
+-- none waits: the scheduling loop sleeps no longer, so a delayed execution is placed at
+-- its time rather than at the next poll (execution_not_before_idx, migration 0015).
+SELECT extract(epoch FROM min(e.not_before) - now())::float8 AS wait
+FROM execution e
+WHERE e.status = 'requested' AND e.not_before IS NOT NULL AND e.not_before > now();

@@ -1,7 +1,9 @@
 -- name: get_execution
 SELECT e.id, e.action_ref, e.parameters, e.status, e.result, e.worker, w.name AS worker_name,
        e.executor, e.parent, e.enforcement, e.attempt, e.created, e.updated, e.scheduled,
-       e.started, e.ended, e.cancelled_by, e.requested_by
+       e.started, e.ended, e.cancelled_by, e.requested_by,
+       -- Only while it still waits (database clock): readers show it as is.
+       CASE WHEN e.status = 'requested' AND e.not_before > now() THEN e.not_before END AS not_before
 FROM execution e LEFT JOIN worker w ON w.id = e.worker
 WHERE e.id = %(id)s;
 
