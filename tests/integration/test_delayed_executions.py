@@ -164,9 +164,9 @@ async def test_the_executor_places_it_at_its_time_not_at_the_next_poll(
     await asyncio.wait_for(ready.wait(), 10)
     task = asyncio.create_task(executor.run(stop))
     try:
-        # Idle now (its first round found nothing): only the request's wake-up and the
-        # delay can bring it back before the 5 s poll.
-        await asyncio.sleep(0.3)
+        # Whether its first round has run yet or not, the only round that can claim the
+        # request is one the delay brings: the request's wake-up finds it not yet due, and
+        # the next 5 s poll is too late.
         eid = request_execution(conn, "core.echo", HI, delay=timedelta(seconds=1.5))
         due = waiting(conn, eid)["not_before"]
 
