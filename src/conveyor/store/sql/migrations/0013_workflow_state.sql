@@ -310,11 +310,12 @@ BEGIN
         IF problem IS NOT NULL THEN
             UPDATE execution e SET status = 'failed', ended = now(), not_before = NULL,
                 result = jsonb_build_object('succeeded', false, 'error', problem, 'failed_by', 'scheduler')
-            WHERE e.id = r.id;
+            WHERE e.id = r.id AND e.status = 'scheduling';
             RETURN QUERY SELECT r.id, 'failed'::text, problem;
             CONTINUE;
         END IF;
-        UPDATE execution e SET status = 'running', started = now(), not_before = NULL WHERE e.id = r.id;
+        UPDATE execution e SET status = 'running', started = now(), not_before = NULL
+        WHERE e.id = r.id AND e.status = 'scheduling';
         wf_id := NULL;
         IF NOT EXISTS (SELECT 1 FROM workflow_execution w WHERE w.execution = r.id) THEN
             INSERT INTO workflow_execution (execution, workflow_ref, version, depth, deadline)
@@ -361,7 +362,7 @@ BEGIN
         RETURN;
     END IF;
     IF current <> 'canceling' THEN
-        UPDATE execution e SET status = 'canceling', cancelled_by = p_by WHERE e.id = p_id;
+        UPDATE execution e SET status = 'canceling', cancelled_by = p_by WHERE e.id = p_id AND e.status = current;
     END IF;
     IF current <> 'canceling' OR p_policy = 'cancel_running' THEN
         INSERT INTO workflow_event (workflow_execution, kind, payload)
@@ -436,7 +437,7 @@ BEGIN
         RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'paused' THEN current END;
         RETURN;
     END IF;
-    UPDATE execution e SET status = 'paused' WHERE e.id = p_id;
+    UPDATE execution e SET status = 'paused' WHERE e.id = p_id AND e.status = 'running';
     INSERT INTO workflow_event (workflow_execution, kind, payload)
     VALUES (wf_id, 'pause', jsonb_build_object('by', p_by));
     RETURN QUERY SELECT p_id, current, 'paused'::text;
@@ -461,7 +462,7 @@ BEGIN
         RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'running' THEN current END;
         RETURN;
     END IF;
-    UPDATE execution e SET status = 'running' WHERE e.id = p_id;
+    UPDATE execution e SET status = 'running' WHERE e.id = p_id AND e.status = 'paused';
     INSERT INTO workflow_event (workflow_execution, kind, payload)
     VALUES (wf_id, 'resume', jsonb_build_object('by', p_by));
     RETURN QUERY SELECT p_id, current, 'running'::text;
