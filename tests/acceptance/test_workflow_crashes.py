@@ -19,6 +19,7 @@ from acceptance.helpers import Procs, conveyor_env, until
 from acceptance.recovery_kit import RECOVERY_SETTINGS, start_worker
 from acceptance.workflow_kit import (
     SIGKILLED,
+    WORKFLOW_SETTINGS,
     Conn,
     all_ended,
     check_workflows,
@@ -29,11 +30,6 @@ from acceptance.workflow_kit import (
 )
 
 pytestmark = pytest.mark.acceptance
-
-# The workflow duty polls every 0.2 s: a replacement finds what a dead replica left at once;
-# claims a dead executor left (its workflows' children, requested -> scheduling) are
-# taken back after 2 s, not 30.
-WORKFLOW_SETTINGS = {"CONVEYOR__WORKFLOW__POLL_INTERVAL": "0.2", "CONVEYOR__EXECUTOR__CLAIM_TIMEOUT": "2"}
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from acceptance.recovery_kit import RECOVERY_SETTINGS, start_worker
 from acceptance.workflow_kit import (
     SIGKILLED,
     TERMINAL,
+    WORKFLOW_SETTINGS,
     Conn,
     all_ended,
     check_workflows,
@@ -32,7 +33,6 @@ from acceptance.workflow_kit import (
 
 pytestmark = pytest.mark.acceptance
 
-SETTINGS = {"CONVEYOR__WORKFLOW__POLL_INTERVAL": "0.2", "CONVEYOR__EXECUTOR__CLAIM_TIMEOUT": "2"}
 
 # Every ended child's completion, again: a duplicate of an event already applied (the
 # unique index only stops a second copy while the first is still pending).
@@ -65,7 +65,7 @@ class Replayer(threading.Thread):
 
 @pytest.fixture
 def env(db_url: str) -> dict[str, str]:
-    return conveyor_env(db_url, **RECOVERY_SETTINGS, **SETTINGS)
+    return conveyor_env(db_url, **RECOVERY_SETTINGS, **WORKFLOW_SETTINGS)
 
 
 @pytest.fixture

@@ -249,3 +249,9 @@ def check_workflows(db: Conn, made: dict[int, tuple[str, str]], attempts: dict[i
         (ids,),
     ).fetchall()
     assert again == [], f"a task entered twice (a join fired more than once): {again}"
+
+
+# The workflow duty polls every 0.2 s: a replacement finds what a dead replica left at once;
+# claims a dead executor left (its workflows' children, requested -> scheduling) are taken
+# back after 2 s, not 30.
+WORKFLOW_SETTINGS = {"CONVEYOR__WORKFLOW__POLL_INTERVAL": "0.2", "CONVEYOR__EXECUTOR__CLAIM_TIMEOUT": "2"}
