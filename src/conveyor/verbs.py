@@ -30,6 +30,7 @@ from conveyor.domain.errors import (
     ForbiddenError,
     InvalidAnswerError,
     InvalidParametersError,
+    InvalidPayloadError,
     InvalidPolicyError,
     NotFoundError,
     UnknownActionError,
@@ -46,6 +47,11 @@ POLICY_FROM_DEFINITION = "CVC02"
 NOT_A_WORKFLOW_ACTION = "CVC03"  # register_workflow: the ref is another runner type's action
 NOTHING_TO_RERUN = "CVC04"  # rerun_execution: the workflow has not ended, or ended well
 NOT_A_WORKFLOW = "CVN04"  # rerun_execution: no such workflow execution
+UNKNOWN_TRIGGER = "CVE01"  # emit_event, replay_events: no such trigger
+INVALID_PAYLOAD = "CVE02"  # emit_event: the payload fails the trigger's schema
+EVENT_KEY_REUSED = "CVE03"  # emit_event: an idempotency key repeated with another payload
+IN_USE = "CVC05"  # register_trigger (type changed), delete_trigger (still used), events are immutable
+NO_EVENT = "CVN05"  # replay_event: no such event
 
 # admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
 _TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
@@ -65,8 +71,13 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
         return policy_not_found(target)
     if exc.sqlstate in (POLICY_FROM_DEFINITION, NOT_A_WORKFLOW_ACTION, NOTHING_TO_RERUN):
         return ConflictError(message)
-    if exc.sqlstate == NOT_A_WORKFLOW:
-        return NotFoundError(message)
+    if exc.sqlstate in (NOT_A_WORKFLOW, UNKNOWN_TRIGGER, NO_EVENT):
+        return NotFoundError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
+    if exc.sqlstate == INVALID_PAYLOAD:
+        trigger, _, problems = message.removeprefix("invalid payload for trigger ").partition(": ")
+        return InvalidPayloadError(trigger, problems.split("; "))
+    if exc.sqlstate in (EVENT_KEY_REUSED, IN_USE):
+        return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     return exc
 
 

@@ -19,6 +19,7 @@ from conveyor.domain.errors import (
     ForbiddenError,
     InvalidAnswerError,
     InvalidParametersError,
+    InvalidPayloadError,
     InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
@@ -70,6 +71,8 @@ def install(app: FastAPI) -> None:
             return error(403, str(exc))
         if isinstance(exc, InvalidAnswerError):
             return error(422, str(exc), problems=[{"field": f, "message": m} for f, m in exc.problems])
+        if isinstance(exc, InvalidPayloadError):
+            return error(422, str(exc), problems=[{"field": "payload", "message": m} for m in exc.problems])
         if isinstance(exc, UnknownActionError | InvalidParametersError):
             return error(422, str(exc))
         return error(400, str(exc))

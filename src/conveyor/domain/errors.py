@@ -72,3 +72,12 @@ class InvalidWorkflowError(ConveyorError):
     def lines(self) -> list[str]:
         """One line per problem, for a terminal."""
         return [": ".join(part for part in problem if part) for problem in self.problems]
+
+
+class InvalidPayloadError(ConveyorError):
+    """An event's payload does not satisfy its trigger's schema."""
+
+    def __init__(self, trigger: str, problems: list[str]) -> None:
+        super().__init__(f"invalid payload for trigger {trigger}: " + "; ".join(problems))
+        self.trigger = trigger
+        self.problems = problems

@@ -33,6 +33,8 @@ class Topic(StrEnum):
     WORKER = "worker"  # work dispatched to one worker (qualified by its id)
     OUTBOX = "outbox"  # internal: outbox rows await the relay (RabbitMQ transport)
     WORKFLOW = "workflow"  # workflow executions have events to apply (a NOTIFY on both transports)
+    EVENT = "event"  # events wait for their rules (a NOTIFY on both transports)
+    SCHEDULE = "schedule"  # a schedule was created or changed (a NOTIFY on both transports)
 
 
 class Doorbell:

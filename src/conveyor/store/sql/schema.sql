@@ -412,6 +412,22 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.delete_trigger(name text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    DELETE FROM trigger t WHERE t.name = delete_trigger.name;
+    RETURN FOUND;
+EXCEPTION WHEN foreign_key_violation THEN
+    RAISE EXCEPTION 'trigger % is still in use: by rules, webhooks, schedules or its events%',
+        quote_literal(delete_trigger.name),
+        coalesce(' (rules: ' || (SELECT string_agg(r.ref, ', ' ORDER BY r.ref) FROM rule r
+                                 WHERE r.trigger = delete_trigger.name) || ')', '')
+        USING ERRCODE = 'CVC05', HINT = 'delete what uses it first';
+END
+$$;
+
 CREATE FUNCTION conveyor.delete_workflow(p_ref text) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -444,6 +460,97 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0));
     SELECT count(*) INTO n FROM hand_back_scheduled(w.id);
     RETURN QUERY SELECT w.id, w.name, w.status, w.cordoned, n;
+END
+$$;
+
+CREATE FUNCTION conveyor.emit_event(trigger text, payload jsonb DEFAULT '{}'::jsonb, source text DEFAULT 'sql'::text, idempotency_key text DEFAULT NULL::text) RETURNS bigint
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $_$
+    SELECT event_id FROM emit_event_once($1, $2, $3, $4)
+$_$;
+
+CREATE FUNCTION conveyor.emit_event_once(trigger text, payload jsonb, source text DEFAULT 'sql'::text, idempotency_key text DEFAULT NULL::text, OUT event_id bigint, OUT repeated boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    body jsonb := coalesce(emit_event_once.payload, '{}');
+    schema jsonb;
+    problems text[];
+    earlier record;
+    turns integer := 0;
+BEGIN
+    SELECT t.payload_schema INTO schema FROM trigger t WHERE t.name = emit_event_once.trigger;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown trigger %', quote_literal(emit_event_once.trigger)
+            USING ERRCODE = 'CVE01', HINT = 'register it first (conveyor triggers register)';
+    END IF;
+    IF schema IS NOT NULL THEN
+        problems := validate_parameters(schema, body);
+        IF cardinality(problems) > 0 THEN
+            RAISE EXCEPTION 'invalid payload for trigger %: %', emit_event_once.trigger,
+                replace(array_to_string(problems, '; '), 'parameters must', 'the payload must')
+                USING ERRCODE = 'CVE02';
+        END IF;
+    END IF;
+    LOOP
+        turns := turns + 1;
+        IF turns > 3 THEN
+            RAISE EXCEPTION 'idempotency key % is changing under this event; retry it',
+                quote_literal(idempotency_key) USING ERRCODE = 'serialization_failure';
+        END IF;
+        INSERT INTO event AS e (trigger, payload, source, idempotency_key)
+        VALUES (emit_event_once.trigger, body, coalesce(emit_event_once.source, 'sql'),
+                emit_event_once.idempotency_key)
+        ON CONFLICT (trigger, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING e.id INTO event_id;
+        IF FOUND THEN
+            INSERT INTO event_pending (event) VALUES (event_id);
+            repeated := false;
+            RETURN;
+        END IF;
+        SELECT e.id, e.payload INTO earlier FROM event e
+        WHERE e.trigger = emit_event_once.trigger AND e.idempotency_key = emit_event_once.idempotency_key;
+        IF FOUND THEN
+            IF earlier.payload IS DISTINCT FROM body THEN
+                RAISE EXCEPTION 'idempotency key % was already used for another event (event %)',
+                    quote_literal(idempotency_key), earlier.id
+                    USING ERRCODE = 'CVE03',
+                          HINT = 'a retry must repeat the event unchanged; send a new key for a new event';
+            END IF;
+            event_id := earlier.id;
+            repeated := true;
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION conveyor.event_immutable() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF NEW.id IS DISTINCT FROM OLD.id OR NEW.trigger IS DISTINCT FROM OLD.trigger
+       OR NEW.payload IS DISTINCT FROM OLD.payload OR NEW.source IS DISTINCT FROM OLD.source
+       OR NEW.received IS DISTINCT FROM OLD.received
+       OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+       OR (NEW.replay_of IS NOT NULL AND NEW.replay_of IS DISTINCT FROM OLD.replay_of) THEN
+        RAISE EXCEPTION 'event % is immutable', OLD.id USING ERRCODE = 'CVC05';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION conveyor.event_pending_wake() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    PERFORM wake('event');
+    RETURN NULL;
 END
 $$;
 
@@ -679,6 +786,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.register_trigger(name text, type text DEFAULT 'custom'::text, payload_schema jsonb DEFAULT NULL::jsonb, description text DEFAULT NULL::text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    was text;
+BEGIN
+    SELECT t.type INTO was FROM trigger t WHERE t.name = register_trigger.name FOR UPDATE;
+    IF FOUND AND was <> register_trigger.type THEN
+        RAISE EXCEPTION 'trigger % is a % trigger, not %', quote_literal(register_trigger.name), was,
+            register_trigger.type
+            USING ERRCODE = 'CVC05', HINT = 'a trigger keeps its type: delete it first, or use another name';
+    END IF;
+    INSERT INTO trigger AS t (name, type, payload_schema, description)
+    VALUES (register_trigger.name, register_trigger.type, register_trigger.payload_schema,
+            register_trigger.description)
+    ON CONFLICT ON CONSTRAINT trigger_pkey DO UPDATE
+        SET payload_schema = excluded.payload_schema, description = excluded.description, updated = now();
+    RETURN was IS NULL;
+END
+$$;
+
 CREATE FUNCTION conveyor.register_workflow(p_ref text, p_definition jsonb, p_source text DEFAULT ''::text, p_description text DEFAULT ''::text, p_parameters_schema jsonb DEFAULT '{"type": "object"}'::jsonb) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -704,6 +833,49 @@ BEGIN
     INSERT INTO workflow_definition (ref, version, definition, source, description)
     VALUES (p_ref, v, p_definition, coalesce(p_source, ''), coalesce(p_description, ''));
     RETURN v;
+END
+$$;
+
+CREATE FUNCTION conveyor.replay_event(event_id bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    replayed bigint;
+BEGIN
+    INSERT INTO event (trigger, payload, source, replay_of)
+    SELECT e.trigger, e.payload, 'replay', e.id FROM event e WHERE e.id = replay_event.event_id
+    RETURNING id INTO replayed;
+    IF replayed IS NULL THEN
+        RAISE EXCEPTION 'no event %', replay_event.event_id USING ERRCODE = 'CVN05';
+    END IF;
+    INSERT INTO event_pending (event) VALUES (replayed);
+    RETURN replayed;
+END
+$$;
+
+CREATE FUNCTION conveyor.replay_events(trigger text, since timestamp with time zone, until timestamp with time zone DEFAULT now()) RETURNS TABLE(original bigint, replay bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM trigger t WHERE t.name = replay_events.trigger) THEN
+        RAISE EXCEPTION 'unknown trigger %', quote_literal(replay_events.trigger) USING ERRCODE = 'CVE01';
+    END IF;
+    RETURN QUERY
+    WITH picked AS (
+        SELECT e.id, e.trigger, e.payload FROM event e
+        WHERE e.trigger = replay_events.trigger AND e.received >= since AND e.received < until
+              AND e.replay_of IS NULL
+        ORDER BY e.id
+    ), made AS (
+        INSERT INTO event (trigger, payload, source, replay_of)
+        SELECT p.trigger, p.payload, 'replay', p.id FROM picked p ORDER BY p.id
+        RETURNING id, replay_of
+    ), queued AS (
+        INSERT INTO event_pending (event) SELECT m.id FROM made m RETURNING event
+    )
+    SELECT m.replay_of, m.id FROM made m ORDER BY m.id;
 END
 $$;
 
@@ -733,14 +905,14 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint, idempotency_key text DEFAULT NULL::text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS bigint
+CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEFAULT '{}'::jsonb, parent bigint DEFAULT NULL::bigint, idempotency_key text DEFAULT NULL::text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone, enforcement bigint DEFAULT NULL::bigint) RETURNS bigint
     LANGUAGE sql
     SET search_path TO 'conveyor'
     AS $_$
-    SELECT execution_id FROM request_execution_once($1, $2, $3, $4, $5)
+    SELECT execution_id FROM request_execution_once($1, $2, $3, $4, $5, $6)
 $_$;
 
-CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone, OUT execution_id bigint, OUT repeated boolean) RETURNS record
+CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone, enforcement bigint DEFAULT NULL::bigint, OUT execution_id bigint, OUT repeated boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
     AS $$
@@ -804,9 +976,9 @@ BEGIN
         IF idempotency_key IS NULL OR FOUND THEN
             -- (The executors are woken by the insert trigger of 0009; they then wait for
             -- next_not_before.)
-            INSERT INTO execution (id, action_ref, parameters, parent, not_before)
+            INSERT INTO execution (id, action_ref, parameters, parent, not_before, enforcement)
             VALUES (execution_id, request_execution_once.action_ref, params, request_execution_once.parent,
-                    delay_until);
+                    delay_until, request_execution_once.enforcement);
             repeated := false;
             RETURN;
         END IF;
@@ -1222,6 +1394,12 @@ BEGIN
                                            ORDER BY i.id)),
                                        'execution_ids', to_jsonb(execution_ids)));
         END IF;
+    ELSIF topic = 'event' THEN
+        -- (0016) Events wait for their rules (event_pending).
+        PERFORM pg_notify(current_schema() || '.event', '');
+    ELSIF topic = 'schedule' THEN
+        -- (0016) A schedule was created or changed: its next fire time may be sooner.
+        PERFORM pg_notify(current_schema() || '.schedule', '');
     ELSE
         RAISE EXCEPTION 'unknown wake-up topic %', topic;
     END IF;
@@ -1395,6 +1573,55 @@ CREATE SEQUENCE conveyor.dead_letter_id_seq
 
 ALTER SEQUENCE conveyor.dead_letter_id_seq OWNED BY conveyor.dead_letter.id;
 
+CREATE TABLE conveyor.enforcement (
+    id bigint NOT NULL,
+    rule bigint,
+    rule_ref text NOT NULL,
+    event bigint,
+    outcome text NOT NULL,
+    execution bigint,
+    parameters jsonb,
+    error text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT enforcement_check CHECK (((outcome = 'requested'::text) = (execution IS NOT NULL))),
+    CONSTRAINT enforcement_outcome_check CHECK ((outcome = ANY (ARRAY['requested'::text, 'template_error'::text, 'request_error'::text, 'rule_disabled'::text])))
+);
+
+ALTER TABLE conveyor.enforcement ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME conveyor.enforcement_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE conveyor.event (
+    id bigint NOT NULL,
+    trigger text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    source text DEFAULT 'sql'::text NOT NULL,
+    received timestamp with time zone DEFAULT now() NOT NULL,
+    idempotency_key text,
+    replay_of bigint,
+    CONSTRAINT event_idempotency_key_check CHECK (((idempotency_key IS NULL) OR ((length(idempotency_key) >= 1) AND (length(idempotency_key) <= 255)))),
+    CONSTRAINT event_source_check CHECK ((length(source) <= 255))
+);
+
+ALTER TABLE conveyor.event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME conveyor.event_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE conveyor.event_pending (
+    event bigint NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE conveyor.execution (
     id bigint NOT NULL,
     action_ref text NOT NULL,
@@ -1547,6 +1774,31 @@ CREATE SEQUENCE conveyor.outbox_id_seq
 
 ALTER SEQUENCE conveyor.outbox_id_seq OWNED BY conveyor.outbox.id;
 
+CREATE TABLE conveyor.rule (
+    id bigint NOT NULL,
+    ref text NOT NULL,
+    trigger text NOT NULL,
+    criteria jsonb DEFAULT '{}'::jsonb NOT NULL,
+    action_ref text NOT NULL,
+    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    description text,
+    definition jsonb,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT rule_parameters_check CHECK ((jsonb_typeof(parameters) = 'object'::text)),
+    CONSTRAINT rule_ref_check CHECK (((length(ref) <= 255) AND (ref ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text)))
+);
+
+ALTER TABLE conveyor.rule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME conveyor.rule_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE conveyor.schema_migration (
     version integer NOT NULL,
     name text NOT NULL,
@@ -1567,6 +1819,18 @@ CREATE TABLE conveyor.transport_route (
     updated timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT transport_route_singleton_check CHECK (singleton),
     CONSTRAINT transport_route_transport_check CHECK ((transport = ANY (ARRAY['postgres'::text, 'rabbitmq'::text])))
+);
+
+CREATE TABLE conveyor.trigger (
+    name text NOT NULL,
+    type text NOT NULL,
+    payload_schema jsonb,
+    description text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT trigger_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
+    CONSTRAINT trigger_payload_schema_check CHECK (((payload_schema IS NULL) OR (jsonb_typeof(payload_schema) = 'object'::text))),
+    CONSTRAINT trigger_type_check CHECK ((type = ANY (ARRAY['webhook'::text, 'cron'::text, 'interval'::text, 'date'::text, 'custom'::text])))
 );
 
 CREATE TABLE conveyor.worker (
@@ -1749,6 +2013,15 @@ ALTER TABLE ONLY conveyor.dead_letter
 ALTER TABLE ONLY conveyor.dead_letter
     ADD CONSTRAINT dead_letter_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY conveyor.enforcement
+    ADD CONSTRAINT enforcement_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.event_pending
+    ADD CONSTRAINT event_pending_pkey PRIMARY KEY (event);
+
+ALTER TABLE ONLY conveyor.event
+    ADD CONSTRAINT event_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY conveyor.execution_admission_group
     ADD CONSTRAINT execution_admission_group_pkey PRIMARY KEY (policy, group_key);
 
@@ -1782,6 +2055,12 @@ ALTER TABLE ONLY conveyor.inquiry_response
 ALTER TABLE ONLY conveyor.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY conveyor.rule
+    ADD CONSTRAINT rule_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.rule
+    ADD CONSTRAINT rule_ref_key UNIQUE (ref);
+
 ALTER TABLE ONLY conveyor.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
 
@@ -1790,6 +2069,9 @@ ALTER TABLE ONLY conveyor.server_epoch
 
 ALTER TABLE ONLY conveyor.transport_route
     ADD CONSTRAINT transport_route_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY conveyor.trigger
+    ADD CONSTRAINT trigger_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY conveyor.inquiry
     ADD CONSTRAINT uq_inquiry_execution UNIQUE (execution);
@@ -1827,6 +2109,18 @@ CREATE INDEX dead_letter_first_seen_idx ON conveyor.dead_letter USING btree (fir
 
 CREATE INDEX dead_letter_pending_idx ON conveyor.dead_letter USING btree (id) WHERE (resolution IS NULL);
 
+CREATE INDEX enforcement_created_idx ON conveyor.enforcement USING btree (created);
+
+CREATE INDEX enforcement_event_idx ON conveyor.enforcement USING btree (event);
+
+CREATE INDEX enforcement_rule_created_idx ON conveyor.enforcement USING btree (rule, created);
+
+CREATE INDEX event_received_idx ON conveyor.event USING btree (received);
+
+CREATE INDEX event_replay_of_idx ON conveyor.event USING btree (replay_of) WHERE (replay_of IS NOT NULL);
+
+CREATE INDEX event_trigger_received_idx ON conveyor.event USING btree (trigger, received);
+
 CREATE INDEX execution_action_idx ON conveyor.execution USING btree (action_ref, created);
 
 CREATE INDEX execution_admission_slot_group_idx ON conveyor.execution_admission_slot USING btree (policy, group_key);
@@ -1857,6 +2151,14 @@ CREATE INDEX inquiry_status_idx ON conveyor.inquiry USING btree (status, id);
 
 CREATE INDEX outbox_execution_idx ON conveyor.outbox USING btree (execution) WHERE (execution IS NOT NULL);
 
+CREATE INDEX rule_trigger_idx ON conveyor.rule USING btree (trigger);
+
+CREATE UNIQUE INDEX uq_enforcement_rule_event ON conveyor.enforcement USING btree (rule, event) WHERE (event IS NOT NULL);
+
+CREATE UNIQUE INDEX uq_event_trigger_idempotency_key ON conveyor.event USING btree (trigger, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+CREATE UNIQUE INDEX uq_execution_enforcement ON conveyor.execution USING btree (enforcement) WHERE ((parent IS NULL) AND (enforcement IS NOT NULL));
+
 CREATE UNIQUE INDEX uq_workflow_event_child ON conveyor.workflow_event USING btree (execution) WHERE (kind = 'child_ended'::text);
 
 CREATE UNIQUE INDEX uq_workflow_task_dispatch ON conveyor.workflow_task_dispatch USING btree (workflow_execution, task_name, COALESCE(task_index, '-1'::integer), iteration);
@@ -1883,6 +2185,10 @@ CREATE TRIGGER admission_policy_from_metadata AFTER INSERT OR UPDATE OF metadata
 
 CREATE TRIGGER admission_policy_touch BEFORE UPDATE ON conveyor.admission_policy FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
 
+CREATE TRIGGER event_immutable BEFORE UPDATE ON conveyor.event FOR EACH ROW EXECUTE FUNCTION conveyor.event_immutable();
+
+CREATE TRIGGER event_pending_wake AFTER INSERT ON conveyor.event_pending FOR EACH STATEMENT EXECUTE FUNCTION conveyor.event_pending_wake();
+
 CREATE TRIGGER execution_guard BEFORE INSERT OR UPDATE ON conveyor.execution FOR EACH ROW EXECUTE FUNCTION conveyor.execution_guard();
 
 CREATE TRIGGER execution_wake_changed AFTER UPDATE ON conveyor.execution REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows FOR EACH STATEMENT EXECUTE FUNCTION conveyor.execution_wake_changed();
@@ -1904,6 +2210,21 @@ CREATE TRIGGER workflow_child_ended AFTER UPDATE OF status ON conveyor.execution
 CREATE TRIGGER workflow_event_wake AFTER INSERT ON conveyor.workflow_event FOR EACH STATEMENT EXECUTE FUNCTION conveyor.workflow_event_wake();
 
 CREATE TRIGGER workflow_execution_touch BEFORE UPDATE ON conveyor.workflow_execution FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
+
+ALTER TABLE ONLY conveyor.enforcement
+    ADD CONSTRAINT enforcement_event_fkey FOREIGN KEY (event) REFERENCES conveyor.event(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.enforcement
+    ADD CONSTRAINT enforcement_rule_fkey FOREIGN KEY (rule) REFERENCES conveyor.rule(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.event_pending
+    ADD CONSTRAINT event_pending_event_fkey FOREIGN KEY (event) REFERENCES conveyor.event(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.event
+    ADD CONSTRAINT event_replay_of_fkey FOREIGN KEY (replay_of) REFERENCES conveyor.event(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.event
+    ADD CONSTRAINT event_trigger_fkey FOREIGN KEY (trigger) REFERENCES conveyor.trigger(name);
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_action_ref_fkey FOREIGN KEY (action_ref) REFERENCES conveyor.action(ref);
@@ -1943,6 +2264,9 @@ ALTER TABLE ONLY conveyor.inquiry
 
 ALTER TABLE ONLY conveyor.inquiry_response
     ADD CONSTRAINT inquiry_response_inquiry_fkey FOREIGN KEY (inquiry) REFERENCES conveyor.inquiry(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.rule
+    ADD CONSTRAINT rule_trigger_fkey FOREIGN KEY (trigger) REFERENCES conveyor.trigger(name);
 
 ALTER TABLE ONLY conveyor.workflow_definition
     ADD CONSTRAINT workflow_definition_ref_fkey FOREIGN KEY (ref) REFERENCES conveyor.action(ref) ON DELETE CASCADE;
