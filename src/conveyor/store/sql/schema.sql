@@ -412,6 +412,16 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.delete_rule(ref text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    DELETE FROM rule r WHERE r.ref = delete_rule.ref;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION conveyor.delete_trigger(name text) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -783,6 +793,29 @@ BEGIN
     INSERT INTO workflow_event (workflow_execution, kind, payload)
     VALUES (wf_id, 'pause', jsonb_build_object('by', p_by));
     RETURN QUERY SELECT p_id, current, 'paused'::text;
+END
+$$;
+
+CREATE FUNCTION conveyor.register_rule(ref text, trigger text, criteria jsonb, action_ref text, parameters jsonb, enabled boolean DEFAULT true, description text DEFAULT NULL::text, definition jsonb DEFAULT NULL::jsonb, OUT rule_id bigint, OUT created boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM trigger t WHERE t.name = register_rule.trigger) THEN
+        RAISE EXCEPTION 'unknown trigger %', quote_literal(register_rule.trigger)
+            USING ERRCODE = 'CVE01', HINT = 'register it first (conveyor triggers register)';
+    END IF;
+    -- xmax = 0: the row was inserted, not updated by ON CONFLICT.
+    INSERT INTO rule AS r (ref, trigger, criteria, action_ref, parameters, enabled, description, definition)
+    VALUES (register_rule.ref, register_rule.trigger, coalesce(register_rule.criteria, '{}'),
+            register_rule.action_ref, coalesce(register_rule.parameters, '{}'), coalesce(register_rule.enabled, true),
+            register_rule.description, register_rule.definition)
+    ON CONFLICT (ref) DO UPDATE
+        SET trigger = excluded.trigger, criteria = excluded.criteria, action_ref = excluded.action_ref,
+            parameters = excluded.parameters, enabled = excluded.enabled, description = excluded.description,
+            definition = excluded.definition, updated = now()
+    RETURNING r.id, (r.xmax = 0) INTO rule_id, created;
 END
 $$;
 
@@ -1164,6 +1197,20 @@ CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integ
     SET concurrency = EXCLUDED.concurrency, parameters = EXCLUDED.parameters,
         method = EXCLUDED.method, source = 'operator'
     RETURNING p.*
+$$;
+
+CREATE FUNCTION conveyor.set_rule_enabled(ref text, enabled boolean) RETURNS TABLE(rule_id bigint, was boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH old AS (SELECT r.id, r.enabled FROM rule r WHERE r.ref = set_rule_enabled.ref FOR UPDATE)
+    UPDATE rule r SET enabled = set_rule_enabled.enabled, updated = now()
+    FROM old WHERE r.id = old.id
+    RETURNING r.id, old.enabled;
+END
 $$;
 
 CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS TABLE(was text)
@@ -1799,6 +1846,65 @@ ALTER TABLE conveyor.rule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE conveyor.schedule (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    cron text,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    every interval,
+    at timestamp with time zone,
+    starts timestamp with time zone,
+    ends timestamp with time zone,
+    action_ref text,
+    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
+    trigger text,
+    catchup text DEFAULT 'latest'::text NOT NULL,
+    catchup_window interval DEFAULT '01:00:00'::interval NOT NULL,
+    overlap text DEFAULT 'allow'::text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    next_fire timestamp with time zone,
+    last_slot timestamp with time zone,
+    description text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_catchup_check CHECK ((catchup = ANY (ARRAY['skip'::text, 'latest'::text, 'all'::text]))),
+    CONSTRAINT schedule_catchup_window_check CHECK ((catchup_window >= '00:00:00'::interval)),
+    CONSTRAINT schedule_check CHECK (((kind = 'cron'::text) = (cron IS NOT NULL))),
+    CONSTRAINT schedule_check1 CHECK (((kind = 'interval'::text) = (every IS NOT NULL))),
+    CONSTRAINT schedule_check2 CHECK (((kind = 'date'::text) = (at IS NOT NULL))),
+    CONSTRAINT schedule_check3 CHECK (((action_ref IS NOT NULL) OR (trigger IS NOT NULL))),
+    CONSTRAINT schedule_cron_check CHECK ((length(cron) <= 255)),
+    CONSTRAINT schedule_every_check CHECK (((every IS NULL) OR (every >= '00:00:01'::interval))),
+    CONSTRAINT schedule_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'date'::text]))),
+    CONSTRAINT schedule_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
+    CONSTRAINT schedule_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'buffer_one'::text, 'cancel_previous'::text]))),
+    CONSTRAINT schedule_parameters_check CHECK ((jsonb_typeof(parameters) = 'object'::text)),
+    CONSTRAINT schedule_timezone_check CHECK ((length(timezone) <= 64))
+);
+
+ALTER TABLE conveyor.schedule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME conveyor.schedule_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE conveyor.schedule_slot (
+    schedule bigint NOT NULL,
+    slot timestamp with time zone NOT NULL,
+    origin text DEFAULT 'scheduled'::text NOT NULL,
+    outcome text NOT NULL,
+    execution bigint,
+    event bigint,
+    error text,
+    fired timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_slot_origin_check CHECK ((origin = ANY (ARRAY['scheduled'::text, 'catchup'::text, 'manual'::text, 'backfill'::text]))),
+    CONSTRAINT schedule_slot_outcome_check CHECK ((outcome = ANY (ARRAY['requested'::text, 'emitted'::text, 'skipped'::text, 'missed'::text, 'buffered'::text, 'request_error'::text])))
+);
+
 CREATE TABLE conveyor.schema_migration (
     version integer NOT NULL,
     name text NOT NULL,
@@ -1831,6 +1937,30 @@ CREATE TABLE conveyor.trigger (
     CONSTRAINT trigger_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
     CONSTRAINT trigger_payload_schema_check CHECK (((payload_schema IS NULL) OR (jsonb_typeof(payload_schema) = 'object'::text))),
     CONSTRAINT trigger_type_check CHECK ((type = ANY (ARRAY['webhook'::text, 'cron'::text, 'interval'::text, 'date'::text, 'custom'::text])))
+);
+
+CREATE TABLE conveyor.webhook (
+    name text NOT NULL,
+    trigger text NOT NULL,
+    auth text NOT NULL,
+    token_hash text,
+    secret text,
+    signature_header text DEFAULT 'X-Hub-Signature-256'::text NOT NULL,
+    signature_prefix text DEFAULT 'sha256='::text NOT NULL,
+    idempotency_header text DEFAULT 'Idempotency-Key'::text NOT NULL,
+    max_body_bytes integer DEFAULT 1048576 NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    description text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_auth_check CHECK ((auth = ANY (ARRAY['none'::text, 'bearer'::text, 'hmac'::text]))),
+    CONSTRAINT webhook_check CHECK (((auth = 'bearer'::text) = (token_hash IS NOT NULL))),
+    CONSTRAINT webhook_check1 CHECK (((auth = 'hmac'::text) = (secret IS NOT NULL))),
+    CONSTRAINT webhook_idempotency_header_check CHECK (((length(idempotency_header) >= 1) AND (length(idempotency_header) <= 255))),
+    CONSTRAINT webhook_max_body_bytes_check CHECK (((max_body_bytes >= 1) AND (max_body_bytes <= 67108864))),
+    CONSTRAINT webhook_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
+    CONSTRAINT webhook_signature_header_check CHECK (((length(signature_header) >= 1) AND (length(signature_header) <= 255))),
+    CONSTRAINT webhook_signature_prefix_check CHECK ((length(signature_prefix) <= 64))
 );
 
 CREATE TABLE conveyor.worker (
@@ -2061,6 +2191,15 @@ ALTER TABLE ONLY conveyor.rule
 ALTER TABLE ONLY conveyor.rule
     ADD CONSTRAINT rule_ref_key UNIQUE (ref);
 
+ALTER TABLE ONLY conveyor.schedule
+    ADD CONSTRAINT schedule_name_key UNIQUE (name);
+
+ALTER TABLE ONLY conveyor.schedule
+    ADD CONSTRAINT schedule_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY conveyor.schedule_slot
+    ADD CONSTRAINT schedule_slot_pkey PRIMARY KEY (schedule, slot);
+
 ALTER TABLE ONLY conveyor.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
 
@@ -2081,6 +2220,12 @@ ALTER TABLE ONLY conveyor.inquiry_response
 
 ALTER TABLE ONLY conveyor.workflow_execution
     ADD CONSTRAINT uq_workflow_execution_execution UNIQUE (execution);
+
+ALTER TABLE ONLY conveyor.webhook
+    ADD CONSTRAINT webhook_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY conveyor.webhook
+    ADD CONSTRAINT webhook_trigger_key UNIQUE (trigger);
 
 ALTER TABLE ONLY conveyor.worker
     ADD CONSTRAINT worker_name_key UNIQUE (name);
@@ -2152,6 +2297,14 @@ CREATE INDEX inquiry_status_idx ON conveyor.inquiry USING btree (status, id);
 CREATE INDEX outbox_execution_idx ON conveyor.outbox USING btree (execution) WHERE (execution IS NOT NULL);
 
 CREATE INDEX rule_trigger_idx ON conveyor.rule USING btree (trigger);
+
+CREATE INDEX schedule_next_fire_idx ON conveyor.schedule USING btree (next_fire) WHERE ((NOT paused) AND (next_fire IS NOT NULL));
+
+CREATE INDEX schedule_slot_buffered_idx ON conveyor.schedule_slot USING btree (schedule) WHERE (outcome = 'buffered'::text);
+
+CREATE INDEX schedule_slot_execution_idx ON conveyor.schedule_slot USING btree (execution) WHERE (execution IS NOT NULL);
+
+CREATE INDEX schedule_slot_fired_idx ON conveyor.schedule_slot USING btree (fired);
 
 CREATE UNIQUE INDEX uq_enforcement_rule_event ON conveyor.enforcement USING btree (rule, event) WHERE (event IS NOT NULL);
 
@@ -2267,6 +2420,18 @@ ALTER TABLE ONLY conveyor.inquiry_response
 
 ALTER TABLE ONLY conveyor.rule
     ADD CONSTRAINT rule_trigger_fkey FOREIGN KEY (trigger) REFERENCES conveyor.trigger(name);
+
+ALTER TABLE ONLY conveyor.schedule_slot
+    ADD CONSTRAINT schedule_slot_event_fkey FOREIGN KEY (event) REFERENCES conveyor.event(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY conveyor.schedule_slot
+    ADD CONSTRAINT schedule_slot_schedule_fkey FOREIGN KEY (schedule) REFERENCES conveyor.schedule(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.schedule
+    ADD CONSTRAINT schedule_trigger_fkey FOREIGN KEY (trigger) REFERENCES conveyor.trigger(name);
+
+ALTER TABLE ONLY conveyor.webhook
+    ADD CONSTRAINT webhook_trigger_fkey FOREIGN KEY (trigger) REFERENCES conveyor.trigger(name);
 
 ALTER TABLE ONLY conveyor.workflow_definition
     ADD CONSTRAINT workflow_definition_ref_fkey FOREIGN KEY (ref) REFERENCES conveyor.action(ref) ON DELETE CASCADE;

@@ -2,8 +2,9 @@
 -- An event is an immutable row; it waits in event_pending until the executors have
 -- evaluated the rules on its trigger; each (rule, event) pair makes at most one
 -- enforcement (uq_enforcement_rule_event, as the seeds' phase 4 says) and each
--- enforcement at most one top-level execution (uq_execution_enforcement). The rule
--- evaluation, its SQL function and the surfaces are in the migrations after this one.
+-- enforcement at most one top-level execution (uq_execution_enforcement). Webhooks and
+-- schedules (one schedule_slot row per slot) are here too: the tables every door writes
+-- to. How rules are evaluated, webhooks registered and slots fired: the migrations after.
 
 -- A trigger is a named source of events. Its type says who emits them: 'webhook' (POST
 -- /api/v1/webhooks/{name}), 'cron', 'interval' and 'date' (a schedule), or 'custom'
@@ -116,6 +117,138 @@ CREATE INDEX enforcement_rule_created_idx ON enforcement (rule, created);
 -- ... and an enforcement creates at most one top-level execution.
 CREATE UNIQUE INDEX uq_execution_enforcement ON execution (enforcement)
     WHERE parent IS NULL AND enforcement IS NOT NULL;
+
+-- Rules are registered by ref (created or updated; the Python callers validate the
+-- criteria and templates first and list every problem). Deleting a rule keeps its
+-- enforcements (rule_ref); disabling it records 'rule_disabled' where it would have fired.
+CREATE FUNCTION register_rule(ref text, trigger text, criteria jsonb, action_ref text, parameters jsonb,
+                              enabled boolean DEFAULT true, description text DEFAULT NULL,
+                              definition jsonb DEFAULT NULL, OUT rule_id bigint, OUT created boolean)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM trigger t WHERE t.name = register_rule.trigger) THEN
+        RAISE EXCEPTION 'unknown trigger %', quote_literal(register_rule.trigger)
+            USING ERRCODE = 'CVE01', HINT = 'register it first (conveyor triggers register)';
+    END IF;
+    -- xmax = 0: the row was inserted, not updated by ON CONFLICT.
+    INSERT INTO rule AS r (ref, trigger, criteria, action_ref, parameters, enabled, description, definition)
+    VALUES (register_rule.ref, register_rule.trigger, coalesce(register_rule.criteria, '{}'),
+            register_rule.action_ref, coalesce(register_rule.parameters, '{}'), coalesce(register_rule.enabled, true),
+            register_rule.description, register_rule.definition)
+    ON CONFLICT (ref) DO UPDATE
+        SET trigger = excluded.trigger, criteria = excluded.criteria, action_ref = excluded.action_ref,
+            parameters = excluded.parameters, enabled = excluded.enabled, description = excluded.description,
+            definition = excluded.definition, updated = now()
+    RETURNING r.id, (r.xmax = 0) INTO rule_id, created;
+END
+$$;
+
+CREATE FUNCTION delete_rule(ref text) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    DELETE FROM rule r WHERE r.ref = delete_rule.ref;
+    RETURN FOUND;
+END
+$$;
+
+-- Answers the rule's new state; no row: no such rule.
+CREATE FUNCTION set_rule_enabled(ref text, enabled boolean) RETURNS TABLE (rule_id bigint, was boolean)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH old AS (SELECT r.id, r.enabled FROM rule r WHERE r.ref = set_rule_enabled.ref FOR UPDATE)
+    UPDATE rule r SET enabled = set_rule_enabled.enabled, updated = now()
+    FROM old WHERE r.id = old.id
+    RETURNING r.id, old.enabled;
+END
+$$;
+
+-- Webhooks: POST /api/v1/webhooks/{name} emits an event on `trigger` (a 'webhook'
+-- trigger) once the request is authenticated: 'bearer' (token_hash: the SHA-256 hex of
+-- the token, as api_token keeps them), 'hmac' (secret: the shared secret, kept in clear
+-- because verifying a signature needs it; signature_header/signature_prefix: GitHub's
+-- X-Hub-Signature-256 and 'sha256=' by default, any other header for other senders) or
+-- 'none'. A sender's retry carries the same idempotency_header value: one event.
+CREATE TABLE webhook (
+    name text PRIMARY KEY CHECK (length(name) <= 255 AND name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'),
+    trigger text NOT NULL UNIQUE REFERENCES trigger (name),
+    auth text NOT NULL CHECK (auth IN ('none', 'bearer', 'hmac')),
+    token_hash text,
+    secret text,
+    signature_header text NOT NULL DEFAULT 'X-Hub-Signature-256' CHECK (length(signature_header) BETWEEN 1 AND 255),
+    signature_prefix text NOT NULL DEFAULT 'sha256=' CHECK (length(signature_prefix) <= 64),
+    idempotency_header text NOT NULL DEFAULT 'Idempotency-Key' CHECK (length(idempotency_header) BETWEEN 1 AND 255),
+    max_body_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_body_bytes BETWEEN 1 AND 67108864),
+    enabled boolean NOT NULL DEFAULT true,
+    description text,
+    created timestamptz NOT NULL DEFAULT now(),
+    updated timestamptz NOT NULL DEFAULT now(),
+    CHECK ((auth = 'bearer') = (token_hash IS NOT NULL)),
+    CHECK ((auth = 'hmac') = (secret IS NOT NULL))
+);
+
+-- Schedules: each slot fires exactly once across all replicas -- one schedule_slot row per
+-- (schedule, slot), written in the transaction that requests its execution (or emits its
+-- event). kind 'cron' (cron: 5 or 6 fields, read in `timezone`), 'interval' (every,
+-- anchored at `starts`) or 'date' (at: once). A slot requests `action_ref` with
+-- `parameters`; a schedule without an action emits an event on its `trigger` (type = kind)
+-- for rules instead. next_fire is the next slot not yet fired (NULL: none left), computed
+-- from the database clock by the executors (croniter) whenever a slot fires or the
+-- schedule changes. Catch-up after an outage: 'skip' (only slots still due), 'latest'
+-- (the newest missed slot within catchup_window), 'all' (every missed slot within it);
+-- older ones are recorded as 'missed'. Overlap with a previous run still going: 'allow',
+-- 'skip', 'buffer_one' (at most one slot waits, then fires), 'cancel_previous'.
+CREATE TABLE schedule (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE CHECK (length(name) <= 255 AND name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'),
+    kind text NOT NULL CHECK (kind IN ('cron', 'interval', 'date')),
+    cron text CHECK (length(cron) <= 255),
+    timezone text NOT NULL DEFAULT 'UTC' CHECK (length(timezone) <= 64),
+    every interval,
+    at timestamptz,
+    starts timestamptz,
+    ends timestamptz,
+    action_ref text,
+    parameters jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(parameters) = 'object'),
+    trigger text REFERENCES trigger (name),
+    catchup text NOT NULL DEFAULT 'latest' CHECK (catchup IN ('skip', 'latest', 'all')),
+    catchup_window interval NOT NULL DEFAULT '1 hour' CHECK (catchup_window >= interval '0'),
+    overlap text NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one', 'cancel_previous')),
+    paused boolean NOT NULL DEFAULT false,
+    next_fire timestamptz,
+    last_slot timestamptz,
+    description text,
+    created timestamptz NOT NULL DEFAULT now(),
+    updated timestamptz NOT NULL DEFAULT now(),
+    CHECK ((kind = 'cron') = (cron IS NOT NULL)),
+    CHECK ((kind = 'interval') = (every IS NOT NULL)),
+    CHECK (every IS NULL OR every >= interval '1 second'),
+    CHECK ((kind = 'date') = (at IS NOT NULL)),
+    CHECK (action_ref IS NOT NULL OR trigger IS NOT NULL)
+);
+CREATE INDEX schedule_next_fire_idx ON schedule (next_fire) WHERE NOT paused AND next_fire IS NOT NULL;
+
+-- One row per slot: how it was fired (origin) and what came of it (outcome): 'requested'
+-- (execution), 'emitted' (event), 'skipped' (overlap policy skip), 'missed' (outside the
+-- catch-up window or policy), 'buffered' (waits for the previous run: buffer_one; becomes
+-- 'requested' when it fires), 'request_error' (the request was refused; error says why).
+-- fired - slot is the schedule's lag.
+CREATE TABLE schedule_slot (
+    schedule bigint NOT NULL REFERENCES schedule (id) ON DELETE CASCADE,
+    slot timestamptz NOT NULL,
+    origin text NOT NULL DEFAULT 'scheduled' CHECK (origin IN ('scheduled', 'catchup', 'manual', 'backfill')),
+    outcome text NOT NULL CHECK (outcome IN ('requested', 'emitted', 'skipped', 'missed', 'buffered', 'request_error')),
+    execution bigint,
+    event bigint REFERENCES event (id) ON DELETE SET NULL,
+    error text,
+    fired timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (schedule, slot)
+);
+CREATE INDEX schedule_slot_fired_idx ON schedule_slot (fired);
+CREATE INDEX schedule_slot_execution_idx ON schedule_slot (execution) WHERE execution IS NOT NULL;
+CREATE INDEX schedule_slot_buffered_idx ON schedule_slot (schedule) WHERE outcome = 'buffered';
 
 -- request_execution(_once), restated from 0015 with the enforcement that requests it (the
 -- one write path of rules and schedules: the unique index above is the backstop).
