@@ -242,6 +242,22 @@ class WorkflowSettings(_Section):
     batch_size: int = Field(50, ge=1, le=10_000, description="workflows advanced per pass")
 
 
+class EventSettings(_Section):
+    poll_interval: float = Field(
+        2.0, gt=0, description="seconds between checks for events awaiting their rules when no NOTIFY arrives"
+    )
+    batch_size: int = Field(100, ge=1, le=10_000, description="events whose rules are evaluated per pass")
+
+
+class ScheduleSettings(_Section):
+    poll_interval: float = Field(
+        5.0,
+        gt=0,
+        description="longest sleep between checks for due schedule slots (the executors wake at the next one)",
+    )
+    batch_size: int = Field(100, ge=1, le=10_000, description="due schedules fired per pass")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
@@ -260,6 +276,8 @@ class Settings(BaseSettings):
     message_queue: MessageQueueSettings = Field(default_factory=MessageQueueSettings)  # type: ignore[arg-type]
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)  # type: ignore[arg-type]
     workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)  # type: ignore[arg-type]
+    events: EventSettings = Field(default_factory=EventSettings)  # type: ignore[arg-type]
+    schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod
