@@ -99,3 +99,12 @@ for _kind in RECOVERY_KINDS:
 for _transport in ("postgres", "rabbitmq"):
     for _operation in ("connect", "consume", "publish"):
         TRANSPORT_ERRORS.labels(_transport, _operation)
+
+# -- webhooks -----------------------------------------------------------------------
+
+WEBHOOK_REQUESTS = Counter(
+    "conveyor_webhook_requests_total",
+    "Requests to webhook doors (POST /api/v1/webhooks/{name}) answered by this process, by webhook "
+    '(a registered name, else "unknown") and HTTP status code',
+    ["webhook", "code"],
+)

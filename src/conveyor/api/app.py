@@ -13,13 +13,14 @@ from conveyor.api import dashboard, errors
 from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
-from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, workflows
+from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, webhooks, workflows
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
 DESCRIPTION = """Conveyor's REST API. Every `/api/v1` endpoint needs `Authorization: Bearer <token>`
 (create one with `conveyor tokens create --role viewer|operator|admin`). Errors are JSON
-`{"error": "..."}`."""
+`{"error": "..."}`. Exception: `POST /api/v1/webhooks/{name}`, a webhook's door, is
+authenticated by the webhook's own HMAC signature or token (docs/webhooks.md)."""
 
 
 def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Transport) -> FastAPI:
@@ -43,6 +44,9 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     v1.include_router(dead_letters.router)
     v1.include_router(policies.router)
     v1.include_router(inquiries.router)
+    # POST /api/v1/webhooks/{name} (the door) takes no API token: each webhook's own auth
+    # decides (routes/webhooks.py). Its administration needs tokens, as every other route.
+    v1.include_router(webhooks.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

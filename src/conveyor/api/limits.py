@@ -69,9 +69,16 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _webhook_door(scope: Scope) -> bool:
+    parts = scope["path"].split("/")  # ['', 'api', 'v1', 'webhooks', name]
+    return scope["method"] == "POST" and len(parts) == 5 and parts[1:4] == ["api", "v1", "webhooks"]
+
+
 class JsonBodies:
     """The API takes JSON only, whatever Content-Type says: ``curl -d '{...}'`` sends
-    ``application/x-www-form-urlencoded``, and the seeds' example must work verbatim."""
+    ``application/x-www-form-urlencoded``, and the seeds' example must work verbatim.
+    Not a webhook's door (``POST /api/v1/webhooks/{name}``): it reads the sender's
+    Content-Type itself (GitHub may send its form encoding)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -81,6 +88,7 @@ class JsonBodies:
             scope["type"] == "http"
             and scope["path"].startswith("/api/")
             and scope["method"] in ("POST", "PUT", "PATCH")
+            and not _webhook_door(scope)
         ):
             headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}

@@ -18,6 +18,7 @@ from conveyor.cli import (
     run,
     services,
     tokens,
+    webhooks,
     workers,
     workflows,
 )
@@ -57,6 +58,7 @@ app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(workflows.app, name="workflows")
 app.add_typer(inquiries.app, name="inquiries")
+app.add_typer(webhooks.app, name="webhooks")
 
 
 def _user_facing(exc: BaseException) -> str | None:

@@ -438,6 +438,27 @@ EXCEPTION WHEN foreign_key_violation THEN
 END
 $$;
 
+CREATE FUNCTION conveyor.delete_webhook(name text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    trig text;
+BEGIN
+    DELETE FROM webhook w WHERE w.name = delete_webhook.name RETURNING w.trigger INTO trig;
+    IF trig IS NULL THEN
+        RETURN false;
+    END IF;
+    DELETE FROM trigger t
+    WHERE t.name = trig AND t.type = 'webhook'
+          AND NOT EXISTS (SELECT 1 FROM rule r WHERE r.trigger = trig)
+          AND NOT EXISTS (SELECT 1 FROM schedule s WHERE s.trigger = trig)
+          AND NOT EXISTS (SELECT 1 FROM event e WHERE e.trigger = trig)
+          AND NOT EXISTS (SELECT 1 FROM webhook w WHERE w.trigger = trig);
+    RETURN true;
+END
+$$;
+
 CREATE FUNCTION conveyor.delete_workflow(p_ref text) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -841,6 +862,99 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.register_webhook(name text, trigger text DEFAULT NULL::text, auth text DEFAULT 'hmac'::text, token_hash text DEFAULT NULL::text, secret text DEFAULT NULL::text, signature_header text DEFAULT NULL::text, signature_prefix text DEFAULT NULL::text, idempotency_header text DEFAULT NULL::text, max_body_bytes integer DEFAULT NULL::integer, description text DEFAULT NULL::text, payload_schema jsonb DEFAULT NULL::jsonb, OUT created boolean) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $_$
+#variable_conflict use_variable
+DECLARE
+    trig text := coalesce(register_webhook.trigger, register_webhook.name);
+    old webhook;
+    -- An HTTP header name (RFC 9110 token).
+    header_re constant text := '^[A-Za-z0-9!#$%&''*+.^_`|~-]{1,255}$';
+    name_re constant text := '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$';
+    sig_header text := coalesce(register_webhook.signature_header, 'X-Hub-Signature-256');
+    sig_prefix text := coalesce(register_webhook.signature_prefix, 'sha256=');
+    key_header text := coalesce(register_webhook.idempotency_header, 'Idempotency-Key');
+    body_limit integer := coalesce(register_webhook.max_body_bytes, 1048576);
+    kept_secret text;
+    kept_hash text;
+BEGIN
+    IF register_webhook.name IS NULL OR length(register_webhook.name) > 255 OR register_webhook.name !~ name_re THEN
+        RAISE EXCEPTION 'invalid webhook name %: letters, digits, _ and - (an optional dotted suffix), '
+            'at most 255 characters', quote_nullable(register_webhook.name) USING ERRCODE = 'CVW01';
+    END IF;
+    IF length(trig) > 255 OR trig !~ name_re THEN
+        RAISE EXCEPTION 'invalid trigger name %', quote_literal(trig) USING ERRCODE = 'CVW01';
+    END IF;
+    IF register_webhook.auth IS NULL OR register_webhook.auth NOT IN ('none', 'bearer', 'hmac') THEN
+        RAISE EXCEPTION 'invalid webhook auth %: none, bearer or hmac', quote_nullable(register_webhook.auth)
+            USING ERRCODE = 'CVW01';
+    END IF;
+    IF sig_header !~ header_re OR key_header !~ header_re THEN
+        RAISE EXCEPTION 'invalid header name % or %: an HTTP header name (letters, digits, -), at most 255',
+            quote_literal(sig_header), quote_literal(key_header) USING ERRCODE = 'CVW01';
+    END IF;
+    IF length(sig_prefix) > 64 THEN
+        RAISE EXCEPTION 'signature prefix longer than 64 characters' USING ERRCODE = 'CVW01';
+    END IF;
+    IF body_limit NOT BETWEEN 1 AND 67108864 THEN
+        RAISE EXCEPTION 'max_body_bytes % out of range: 1 to 67108864 (64 MiB)', body_limit USING ERRCODE = 'CVW01';
+    END IF;
+    IF register_webhook.token_hash IS NOT NULL AND register_webhook.token_hash !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'token_hash must be the SHA-256 of the token, as 64 lowercase hex digits'
+            USING ERRCODE = 'CVW01';
+    END IF;
+    IF register_webhook.secret IS NOT NULL AND length(register_webhook.secret) NOT BETWEEN 1 AND 1024 THEN
+        RAISE EXCEPTION 'an HMAC secret has 1 to 1024 characters' USING ERRCODE = 'CVW01';
+    END IF;
+    IF register_webhook.auth <> 'hmac' AND register_webhook.secret IS NOT NULL
+       OR register_webhook.auth <> 'bearer' AND register_webhook.token_hash IS NOT NULL THEN
+        RAISE EXCEPTION 'auth % takes %', register_webhook.auth,
+            CASE register_webhook.auth WHEN 'hmac' THEN 'a secret, not a token'
+                                       WHEN 'bearer' THEN 'a token, not a secret'
+                                       ELSE 'neither a secret nor a token' END
+            USING ERRCODE = 'CVW01';
+    END IF;
+
+    -- The trigger first: refused (CVC05) when it exists with another type.
+    PERFORM register_trigger(trig, 'webhook', register_webhook.payload_schema, register_webhook.description);
+
+    SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
+    kept_secret := CASE WHEN register_webhook.auth = 'hmac' THEN
+                       coalesce(register_webhook.secret, CASE WHEN old.auth = 'hmac' THEN old.secret END) END;
+    kept_hash := CASE WHEN register_webhook.auth = 'bearer' THEN
+                     coalesce(register_webhook.token_hash, CASE WHEN old.auth = 'bearer' THEN old.token_hash END) END;
+    IF register_webhook.auth = 'hmac' AND kept_secret IS NULL THEN
+        RAISE EXCEPTION 'webhook % needs an HMAC secret (auth hmac)', quote_literal(register_webhook.name)
+            USING ERRCODE = 'CVW01', HINT = 'generate one: conveyor webhooks create NAME --generate-secret';
+    END IF;
+    IF register_webhook.auth = 'bearer' AND kept_hash IS NULL THEN
+        RAISE EXCEPTION 'webhook % needs a bearer token (auth bearer)', quote_literal(register_webhook.name)
+            USING ERRCODE = 'CVW01';
+    END IF;
+    IF EXISTS (SELECT 1 FROM webhook w WHERE w.trigger = trig AND w.name <> register_webhook.name) THEN
+        RAISE EXCEPTION 'trigger % already belongs to another webhook', quote_literal(trig)
+            USING ERRCODE = 'CVW01', HINT = 'each webhook has its own trigger';
+    END IF;
+
+    IF old.name IS NULL THEN
+        INSERT INTO webhook (name, trigger, auth, token_hash, secret, signature_header, signature_prefix,
+                             idempotency_header, max_body_bytes, description)
+        VALUES (register_webhook.name, trig, register_webhook.auth, kept_hash, kept_secret, sig_header, sig_prefix,
+                key_header, body_limit, register_webhook.description);
+        created := true;
+    ELSE
+        UPDATE webhook w
+        SET trigger = trig, auth = register_webhook.auth, token_hash = kept_hash, secret = kept_secret,
+            signature_header = sig_header, signature_prefix = sig_prefix, idempotency_header = key_header,
+            max_body_bytes = body_limit, description = register_webhook.description, updated = now()
+        WHERE w.name = register_webhook.name;
+        created := false;
+    END IF;
+END
+$_$;
+
 CREATE FUNCTION conveyor.register_workflow(p_ref text, p_definition jsonb, p_source text DEFAULT ''::text, p_description text DEFAULT ''::text, p_parameters_schema jsonb DEFAULT '{"type": "object"}'::jsonb) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1221,6 +1335,20 @@ CREATE FUNCTION conveyor.set_transport_route(p_transport text) RETURNS TABLE(was
     UPDATE transport_route r SET transport = p_transport, updated = now()
     FROM old WHERE r.singleton AND old.transport IS DISTINCT FROM p_transport
     RETURNING old.transport
+$$;
+
+CREATE FUNCTION conveyor.set_webhook_enabled(name text, enabled boolean) RETURNS TABLE(was boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH old AS (SELECT w.name, w.enabled FROM webhook w WHERE w.name = set_webhook_enabled.name FOR UPDATE)
+    UPDATE webhook w SET enabled = set_webhook_enabled.enabled, updated = now()
+    FROM old WHERE w.name = old.name
+    RETURNING old.enabled;
+END
 $$;
 
 CREATE FUNCTION conveyor.stamp_server_epoch() RETURNS timestamp with time zone

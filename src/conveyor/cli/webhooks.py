@@ -1,0 +1,176 @@
+"""``conveyor webhooks create|list|get|delete|enable|disable``: webhook doors
+(``POST /api/v1/webhooks/NAME``) and the trigger each emits events on.
+
+Secrets never go on the command line (where ``ps`` and shell history see them): an HMAC
+secret or bearer token is read from an environment variable or a file, or generated
+(printed once, alone on stdout). Listings show whether one is set, never its value."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from conveyor import webhooks as hooks
+from conveyor.cli.context import JsonOption, console, err_console, print_json, state, when
+from conveyor.domain.errors import ConveyorError
+from conveyor.domain.webhooks import new_secret
+from conveyor.store.queries import Q
+
+app = typer.Typer(help="Webhooks: HTTP doors that emit events for rules.", no_args_is_help=True)
+Name = Annotated[str, typer.Argument(help="The webhook's name (its door: POST /api/v1/webhooks/NAME).")]
+
+
+def _from_env(var: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        raise ConveyorError(f"environment variable {var} is not set or empty")
+    return value
+
+
+def _from_file(path: Path) -> str:
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConveyorError(f"cannot read {path}: {exc}") from None
+    if not value:
+        raise ConveyorError(f"{path} is empty")
+    return value
+
+
+def _schema(path: Path | None) -> Any:
+    if path is None:
+        return None
+    try:
+        return json.loads(_from_file(path))
+    except json.JSONDecodeError as exc:
+        raise ConveyorError(f"{path} is not JSON: {exc}") from None
+
+
+@app.command()
+def create(
+    name: Name,
+    trigger: Annotated[str | None, typer.Option(help="Its trigger (default: the webhook's name).")] = None,
+    hmac_secret_env: Annotated[str | None, typer.Option(help="HMAC secret from this environment variable.")] = None,
+    hmac_secret_file: Annotated[Path | None, typer.Option(help="HMAC secret from this file.")] = None,
+    generate_secret: Annotated[bool, typer.Option(help="Generate an HMAC secret (printed once).")] = False,
+    bearer_token_env: Annotated[str | None, typer.Option(help="Bearer token from this variable.")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="Anyone who can reach the API may post.")] = False,
+    signature_header: Annotated[str | None, typer.Option(help="Default X-Hub-Signature-256.")] = None,
+    signature_prefix: Annotated[str | None, typer.Option(help="Default 'sha256='.")] = None,
+    idempotency_header: Annotated[str | None, typer.Option(help="Default Idempotency-Key.")] = None,
+    max_body: Annotated[int | None, typer.Option("--max-body", help="Body limit in bytes (default 1 MiB).")] = None,
+    schema: Annotated[
+        Path | None, typer.Option(help='JSON Schema file for the event payload {"body": ..., "headers": ...}.')
+    ] = None,
+    description: Annotated[str | None, typer.Option(help="What it is for.")] = None,
+) -> None:
+    """Create or update webhook NAME and its trigger. Exactly one way to authenticate.
+
+    On update, --hmac-secret-*/--bearer-token-env may be left out to keep the stored one
+    (give the same kind of auth: e.g. --no-auth replaces any secret)."""
+    chosen = [hmac_secret_env is not None, hmac_secret_file is not None, generate_secret,
+              bearer_token_env is not None, no_auth]  # fmt: skip
+    if sum(chosen) > 1:
+        raise ConveyorError("choose one of --hmac-secret-env, --hmac-secret-file, --generate-secret, "
+                            "--bearer-token-env and --no-auth")  # fmt: skip
+    secret = token = None
+    if hmac_secret_env is not None:
+        secret = _from_env(hmac_secret_env)
+    elif hmac_secret_file is not None:
+        secret = _from_file(hmac_secret_file)
+    elif generate_secret:
+        secret = new_secret()
+    elif bearer_token_env is not None:
+        token = _from_env(bearer_token_env)
+    auth = "none" if no_auth else "bearer" if token is not None else "hmac"
+    params = hooks.registration(
+        name, auth=auth, trigger=trigger, secret=secret, token=token, signature_header=signature_header,
+        signature_prefix=signature_prefix, idempotency_header=idempotency_header, max_body_bytes=max_body,
+        description=description, payload_schema=_schema(schema),
+    )  # fmt: skip
+    with state.client() as client, client.conn.transaction(), hooks.refusals():
+        row = client.conn.execute(Q["register_webhook"], params).fetchone()
+    assert row is not None
+    verb = "created" if row["created"] else "updated"
+    err_console.print(f"webhook {name} {verb} (auth {auth}): POST /api/v1/webhooks/{name}", highlight=False)
+    if generate_secret:
+        err_console.print("its HMAC secret is shown only now; give it to the sender:")
+        print(secret, flush=True)
+
+
+def _show(row: dict[str, Any]) -> str:
+    if row["auth"] == "hmac":
+        return f"hmac ({row['signature_header']}: {row['signature_prefix']}…, secret set)"
+    return "bearer (token set)" if row["auth"] == "bearer" else "none"
+
+
+@app.command("list")
+def list_(as_json: bool = JsonOption) -> None:
+    """Every webhook (never a secret: whether one is set)."""
+    with state.client() as client:
+        rows = [dict(r) for r in client.conn.execute(Q["list_webhooks"]).fetchall()]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("name", "trigger", "auth", "enabled", "events", "last event")
+    for r in rows:
+        table.add_row(r["name"], r["trigger"], _show(r), "yes" if r["enabled"] else "no", str(r["events"]),
+                      when(r["last_event"]))  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def get(name: Name, as_json: bool = JsonOption) -> None:
+    """One webhook's settings."""
+    with state.client() as client:
+        row = client.conn.execute(Q["get_webhook"], {"name": name}).fetchone()
+    if row is None:
+        raise hooks.not_found(name)
+    if as_json:
+        print_json(dict(row))
+        return
+    for label, value in [("name", row["name"]), ("door", f"POST /api/v1/webhooks/{row['name']}"),
+                         ("trigger", row["trigger"]), ("auth", _show(row)),
+                         ("idempotency header", row["idempotency_header"]),
+                         ("max body", f"{row['max_body_bytes']} bytes"),
+                         ("enabled", "yes" if row["enabled"] else "no"),
+                         ("payload schema", json.dumps(row["payload_schema"]) if row["payload_schema"] else "-"),
+                         ("events", str(row["events"])), ("last event", when(row["last_event"])),
+                         ("description", row["description"] or "-")]:  # fmt: skip
+        console.print(f"{label + ':':20} {value}", highlight=False)
+
+
+@app.command()
+def delete(name: Name) -> None:
+    """Delete it: its door answers 404. Its events are kept."""
+    with state.client() as client:
+        row = client.conn.execute(Q["delete_webhook"], {"name": name}).fetchone()
+    if row is None or not row["deleted"]:
+        raise hooks.not_found(name)
+    console.print(f"webhook {name} deleted", highlight=False)
+
+
+def _enable(name: str, enabled: bool) -> None:
+    with state.client() as client:
+        row = client.conn.execute(Q["set_webhook_enabled"], {"name": name, "enabled": enabled}).fetchone()
+    if row is None:
+        raise hooks.not_found(name)
+    now = "enabled" if enabled else "disabled (its door answers 404)"
+    console.print(f"webhook {name} {now}" + (" already" if row["was"] == enabled else ""), highlight=False)
+
+
+@app.command()
+def enable(name: Name) -> None:
+    """Open its door again."""
+    _enable(name, True)
+
+
+@app.command()
+def disable(name: Name) -> None:
+    """Close its door (404, as an unknown webhook) until enabled."""
+    _enable(name, False)
