@@ -868,7 +868,7 @@ CREATE FUNCTION conveyor.register_webhook(name text, trigger text DEFAULT NULL::
     AS $_$
 #variable_conflict use_variable
 DECLARE
-    trig text := coalesce(register_webhook.trigger, register_webhook.name);
+    trig text;
     old webhook;
     -- An HTTP header name (RFC 9110 token).
     header_re constant text := '^[A-Za-z0-9!#$%&''*+.^_`|~-]{1,255}$';
@@ -884,6 +884,8 @@ BEGIN
         RAISE EXCEPTION 'invalid webhook name %: letters, digits, _ and - (an optional dotted suffix), '
             'at most 255 characters', quote_nullable(register_webhook.name) USING ERRCODE = 'CVW01';
     END IF;
+    SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
+    trig := coalesce(register_webhook.trigger, old.trigger, register_webhook.name);
     IF length(trig) > 255 OR trig !~ name_re THEN
         RAISE EXCEPTION 'invalid trigger name %', quote_literal(trig) USING ERRCODE = 'CVW01';
     END IF;
@@ -920,7 +922,6 @@ BEGIN
     -- The trigger first: refused (CVC05) when it exists with another type.
     PERFORM register_trigger(trig, 'webhook', register_webhook.payload_schema, register_webhook.description);
 
-    SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
     kept_secret := CASE WHEN register_webhook.auth = 'hmac' THEN
                        coalesce(register_webhook.secret, CASE WHEN old.auth = 'hmac' THEN old.secret END) END;
     kept_hash := CASE WHEN register_webhook.auth = 'bearer' THEN

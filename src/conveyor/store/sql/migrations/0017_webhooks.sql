@@ -7,13 +7,12 @@
 -- signature needs it. Neither is ever read back by the CLI or the API (they show whether
 -- one is set).
 --
--- SQLSTATEs: CVW01 invalid webhook definition, CVW02 no such webhook (for callers that
--- want an error rather than "no row"); register_trigger's CVC05 when the trigger exists
--- with another type.
+-- SQLSTATEs: CVW01 invalid webhook definition; register_trigger's CVC05 when the trigger
+-- exists with another type. "No such webhook" is no row (or false), as for rules.
 
 -- Create or update the webhook `name` and its trigger (type 'webhook'; named after the
--- webhook unless `trigger` says otherwise; its payload_schema and description are set
--- from here) in one transaction. On update, a NULL secret (auth 'hmac') or token_hash
+-- webhook unless `trigger` says otherwise, and on update the one it has; its
+-- payload_schema and description are set from here) in one transaction. On update, a NULL secret (auth 'hmac') or token_hash
 -- (auth 'bearer') keeps the one stored, so settings can change without re-sending it;
 -- NULL headers, prefix and limit mean the defaults. Answers created = true for a new one.
 CREATE FUNCTION register_webhook(name text, trigger text DEFAULT NULL, auth text DEFAULT 'hmac',
@@ -25,7 +24,7 @@ CREATE FUNCTION register_webhook(name text, trigger text DEFAULT NULL, auth text
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_variable
 DECLARE
-    trig text := coalesce(register_webhook.trigger, register_webhook.name);
+    trig text;
     old webhook;
     -- An HTTP header name (RFC 9110 token).
     header_re constant text := '^[A-Za-z0-9!#$%&''*+.^_`|~-]{1,255}$';
@@ -41,6 +40,8 @@ BEGIN
         RAISE EXCEPTION 'invalid webhook name %: letters, digits, _ and - (an optional dotted suffix), '
             'at most 255 characters', quote_nullable(register_webhook.name) USING ERRCODE = 'CVW01';
     END IF;
+    SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
+    trig := coalesce(register_webhook.trigger, old.trigger, register_webhook.name);
     IF length(trig) > 255 OR trig !~ name_re THEN
         RAISE EXCEPTION 'invalid trigger name %', quote_literal(trig) USING ERRCODE = 'CVW01';
     END IF;
@@ -77,7 +78,6 @@ BEGIN
     -- The trigger first: refused (CVC05) when it exists with another type.
     PERFORM register_trigger(trig, 'webhook', register_webhook.payload_schema, register_webhook.description);
 
-    SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
     kept_secret := CASE WHEN register_webhook.auth = 'hmac' THEN
                        coalesce(register_webhook.secret, CASE WHEN old.auth = 'hmac' THEN old.secret END) END;
     kept_hash := CASE WHEN register_webhook.auth = 'bearer' THEN
