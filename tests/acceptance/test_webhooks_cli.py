@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +50,22 @@ def github(secret: str, body: bytes, delivery: str) -> dict[str, str]:
             "X-Hub-Signature-256": f"sha256={digest}", "User-Agent": "GitHub-Hookshot/test"}  # fmt: skip
 
 
+def docs_curl_example(url: str, secret: str) -> dict[str, Any]:
+    """Run the curl + openssl example of docs/webhooks.md as written (its secret and URL
+    swapped for this test's): the documentation's signature recipe must be right."""
+    doc = (Path(__file__).parents[2] / "docs" / "webhooks.md").read_text()
+    section = doc.split("### Trying it with curl and openssl", 1)[1]
+    script = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert script is not None
+    lines = [ln for ln in script.group(1).splitlines() if not ln.startswith(("SECRET=", "#"))]
+    text = "\n".join(lines).replace("http://127.0.0.1:8080", url)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", text], env={"SECRET": secret, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
 def ok(procs: Procs, *args: str, env: dict[str, str] | None = None) -> str:
     result = procs.run(*args, env=env)
     assert result.returncode == 0, describe(result)
@@ -72,11 +91,14 @@ def test_github_webhook_end_to_end(procs: Procs, db: Db) -> None:
         assert forged.status_code == 401
         unsigned = client.post("/api/v1/webhooks/github", json={"ref": "x"})
         assert unsigned.status_code == 401
+        assert docs_curl_example(url, secret)["repeated"] is False
         metrics = client.get("/metrics").text
-        assert 'conveyor_webhook_requests_total{code="202",webhook="github"} 2.0' in metrics
+        assert 'conveyor_webhook_requests_total{code="202",webhook="github"} 3.0' in metrics
         assert 'conveyor_webhook_requests_total{code="401",webhook="github"} 2.0' in metrics
     rows = db.execute("SELECT trigger, source, idempotency_key, payload FROM event ORDER BY id").fetchall()
-    assert [(r["trigger"], r["source"], r["idempotency_key"]) for r in rows] == [("github", "webhook", "d-1")]
+    keys = [(r["trigger"], r["source"], r["idempotency_key"]) for r in rows]
+    assert keys == [("github", "webhook", "d-1"), ("github", "webhook", "72d3162e-cc78-11e3-81ab-4c9367dc0958")]
+    assert rows[1]["payload"]["headers"]["x-github-event"] == "ping"
     assert rows[0]["payload"]["body"] == json.loads(PUSH)
     assert rows[0]["payload"]["headers"]["x-github-event"] == "push"
 
@@ -86,7 +108,7 @@ def test_github_webhook_end_to_end(procs: Procs, db: Db) -> None:
     for text in (listed, shown, as_json):
         assert secret not in text
     assert "secret set" in shown
-    assert json.loads(as_json)["events"] == 1
+    assert json.loads(as_json)["events"] == 2
 
     ok(procs, "webhooks", "disable", "github")
     with httpx.Client(base_url=url, timeout=10) as client:
@@ -98,7 +120,7 @@ def test_github_webhook_end_to_end(procs: Procs, db: Db) -> None:
         ok(procs, "webhooks", "delete", "github")
         assert client.post("/api/v1/webhooks/github", content=PUSH, headers=github(secret, PUSH, "d-4")).status_code \
             == 404  # fmt: skip
-    assert db.execute("SELECT count(*) AS n FROM event").fetchone() == {"n": 2}
+    assert db.execute("SELECT count(*) AS n FROM event").fetchone() == {"n": 3}
 
 
 def test_secrets_from_the_environment_and_errors_on_one_line(procs: Procs, db: Db, tmp_path: Any) -> None:
