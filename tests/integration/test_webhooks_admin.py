@@ -3,6 +3,8 @@ verbs under it (register_webhook, delete_webhook, set_webhook_enabled of migrati
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
@@ -121,3 +123,12 @@ async def test_sql_verbs(api: Api) -> None:
     assert refused.value.sqlstate == "CVW01"  # each webhook its own trigger
     assert (await api.one("SELECT delete_webhook('s') AS d"))["d"] is True
     assert (await api.one("SELECT delete_webhook('s') AS d"))["d"] is False
+
+
+async def test_concurrent_registrations_of_one_name(api: Api) -> None:
+    puts = [api.client.put(f"{DOOR}same", json={"auth": "hmac", "secret": f"s{i}"}, headers=api.auth("admin"))
+            for i in range(6)]  # fmt: skip
+    answers = await asyncio.gather(*puts)
+    assert {r.status_code for r in answers} == {200}, [r.text for r in answers]
+    assert sum(r.json()["created_now"] for r in answers) == 1
+    assert len(await api.sql("SELECT name FROM webhook")) == 1

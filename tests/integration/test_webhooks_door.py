@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from prometheus_client import REGISTRY
@@ -177,3 +178,28 @@ async def test_no_auth_and_metrics(api: Api) -> None:
         REGISTRY.get_sample_value("conveyor_webhook_requests_total", {"webhook": "unknown", "code": "404"})
         == unknown + 1
     )
+
+
+async def test_a_streamed_body_without_length_is_cut_at_the_limit(api: Api) -> None:
+    await register(api, max_body_bytes=100)
+    await register(api, "wide")
+
+    async def chunks(total: int) -> AsyncIterator[bytes]:
+        yield b'{"pad": "'
+        for _ in range(total // 50):
+            yield b"x" * 50
+        yield b'"}'
+
+    for name, size in (("github", 200), ("wide", LIMIT * 2)):
+        response = await post(api, name, content=chunks(size), headers={"X-Hub-Signature-256": "sha256=00"})
+        assert "content-length" not in response.request.headers
+        assert "too large" in error_of(response, 413)
+    assert await events(api) == []
+    assert await events(api, "wide") == []
+
+
+async def test_a_trigger_schema_stored_unchecked_refuses_every_payload(api: Api) -> None:
+    await register(api, "open", auth="none", secret=None)
+    await api.sql("""SELECT register_trigger('open', 'webhook', '{"type": "no-such-type"}')""")
+    assert "not valid JSON Schema" in error_of(await post(api, "open", content=b"{}"), 422)
+    assert await events(api, "open") == []

@@ -167,8 +167,13 @@ def check_payload(schema: dict[str, Any] | None, payload: Any) -> list[dict[str,
     in the payload (``body.repository.name``)."""
     if schema is None:
         return []
-    cls = jsonschema.validators.validator_for(schema)
-    found = sorted(cls(schema).iter_errors(payload), key=lambda e: [str(p) for p in e.path])
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        found = sorted(cls(schema).iter_errors(payload), key=lambda e: [str(p) for p in e.path])
+    except (jsonschema.SchemaError, jsonschema.exceptions.UnknownType) as exc:
+        # A schema stored around register_webhook's check (register_trigger in SQL): no
+        # payload can be checked against it, so none is accepted.
+        raise Refusal(422, f"the trigger's payload schema is not valid JSON Schema: {exc}") from None
     return [{"path": ".".join(str(p) for p in e.path) or "payload", "message": e.message} for e in found]
 
 

@@ -21,6 +21,7 @@ import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from psycopg.types.json import Jsonb
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor import webhooks as hooks
 from conveyor.api.auth import Admin, Viewer
@@ -133,6 +134,8 @@ async def receive(name: str, request: Request, ctx: Ctx) -> JSONResponse:
         response = await _accept(request, ctx, hook)
     except door.Refusal as exc:
         response = error(exc.status, exc.message)
+    except StarletteHTTPException as exc:  # api.max_body_bytes passed while streaming (limits.py)
+        response = error(exc.status_code, str(exc.detail))
     except ConflictError as exc:
         response = error(409, str(exc))
     except InvalidPayloadError as exc:  # the database's own check (a subset of the schema)

@@ -884,6 +884,9 @@ BEGIN
         RAISE EXCEPTION 'invalid webhook name %: letters, digits, _ and - (an optional dotted suffix), '
             'at most 255 characters', quote_nullable(register_webhook.name) USING ERRCODE = 'CVW01';
     END IF;
+    -- Two registrations of one name at once: the second waits, then updates what the first
+    -- created (rather than failing on the primary key).
+    PERFORM pg_advisory_xact_lock(hashtextextended('conveyor.webhook:' || register_webhook.name, 0));
     SELECT * INTO old FROM webhook w WHERE w.name = register_webhook.name FOR UPDATE;
     trig := coalesce(register_webhook.trigger, old.trigger, register_webhook.name);
     IF length(trig) > 255 OR trig !~ name_re THEN
