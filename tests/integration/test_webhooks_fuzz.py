@@ -136,3 +136,13 @@ def test_the_door_never_fails_and_stores_only_what_it_accepts(
     authenticated = {"h": sign == "right", "b": bearer == "right", "n": True}
     assert authenticated.get(path.rsplit("/", 1)[1], False), (path, sign, bearer)
     assert len(body) <= 2048
+    # Valid: what was stored is the JSON that was sent (GitHub's form encoding aside), and
+    # webhook n's schema held.
+    with connect_sync(door.url, "conveyor", autocommit=True) as conn:
+        stored = conn.execute("SELECT payload FROM event WHERE id = %s", (response.json()["event_id"],)).fetchone()
+    assert stored is not None
+    if not body.startswith(b"payload="):
+        assert stored["payload"]["body"] == json.loads(body)
+    if path.endswith("/n"):
+        assert isinstance(stored["payload"]["body"], dict)
+        assert "ok" in stored["payload"]["body"]
