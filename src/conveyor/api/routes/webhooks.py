@@ -38,7 +38,7 @@ from conveyor.api.webhook_schemas import (
     WebhookSaved,
 )
 from conveyor.domain import webhooks as door
-from conveyor.domain.errors import ConflictError, InvalidPayloadError
+from conveyor.domain.errors import ConflictError, InvalidPayloadError, NotFoundError
 from conveyor.metrics import WEBHOOK_REQUESTS
 from conveyor.store.queries import Q
 
@@ -138,6 +138,8 @@ async def receive(name: str, request: Request, ctx: Ctx) -> JSONResponse:
         response = error(exc.status_code, str(exc.detail))
     except ConflictError as exc:
         response = error(409, str(exc))
+    except NotFoundError:  # the trigger went away since the lookup (deleted meanwhile)
+        response = error(404, f"no webhook {name!r}")
     except InvalidPayloadError as exc:  # the database's own check (a subset of the schema)
         response = error(422, str(exc), problems=[{"path": "payload", "message": m} for m in exc.problems])
     except psycopg.errors.DataError as exc:  # a value jsonb refuses, which the checks let through
