@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -51,18 +52,55 @@ class Enforcer:
         self._batch_size = batch_size
         # Parsed criteria by (rule id, updated): a rule's criteria change only with updated.
         self._trees: dict[tuple[int, str], Criterion] = {}
+        self._last_ids: list[int] = []  # the events the last transaction took up
 
     async def run_pass(self) -> PassResult:
+        """Enforce a batch of pending events. A batch that the database refuses for another
+        reason than an outage (an unforeseen error in one event's writes) is retried event
+        by event, and an event refused alone is written with its requests recorded as
+        'request_error' naming the error: one poison event must not hold up the queue."""
+        try:
+            return await self._pass(None, degrade=False)
+        except psycopg.OperationalError:
+            raise  # the database is unreachable: the events stay for the next pass
+        except psycopg.Error as batch_error:
+            ids = self._last_ids
+            if not ids:
+                raise
+            log.warning("a batch of rule enforcements failed; enforcing its events one by one",
+                        error=repr(batch_error))  # fmt: skip
+        results = []
+        for event_id in ids:
+            try:
+                results.append(await self._pass([event_id], degrade=False))
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                log.error("enforcing an event failed; recording its requests as request_error", event_id=event_id,
+                          error=repr(exc))  # fmt: skip
+                results.append(await self._pass([event_id], degrade=True, reason=str(exc)))
+        outcomes: Counter[str] = Counter()
+        for r in results:
+            outcomes.update(r.outcomes)
+        return PassResult(sum(r.events for r in results), dict(outcomes))
+
+    async def _pass(self, ids: list[int] | None, *, degrade: bool, reason: str = "") -> PassResult:
+        self._last_ids = []
         async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(Q["pick_pending_events"], {"limit": self._batch_size})).fetchall()
+            query, params = (Q["pick_pending_events"], {"limit": self._batch_size}) if ids is None else (
+                Q["lock_pending_events"], {"ids": ids})  # fmt: skip
+            rows = await (await conn.execute(query, params)).fetchall()
             if not rows:
                 return PassResult(0, {})
+            self._last_ids = [row["id"] for row in rows]
             failpoints.reach("events.after_claim")
             decisions = [d for row in rows for d in self._decide(row)]
+            if degrade:
+                decisions = [d.refused(reason) for d in decisions]
             written = await (
                 await conn.execute(
                     Q["enforce_events"],
-                    {"events": [row["id"] for row in rows], "decisions": Jsonb([d.as_json() for d in decisions])},
+                    {"events": self._last_ids, "decisions": Jsonb([d.as_json() for d in decisions])},
                 )
             ).fetchall()
             failpoints.reach("events.after_enforcement")

@@ -56,10 +56,16 @@ class Decision:
     event: int
     rule: int
     rule_ref: str
-    outcome: str  # requested | template_error | rule_disabled
+    outcome: str  # requested | template_error | rule_disabled (| request_error: see refused)
     action_ref: str
     parameters: dict[str, Any] | None = None
     error: str | None = None
+
+    def refused(self, reason: str) -> Decision:
+        """A 'requested' decision the database refused to write: recorded as request_error."""
+        if self.outcome != "requested":
+            return self
+        return Decision(self.event, self.rule, self.rule_ref, "request_error", self.action_ref, None, _text(reason))
 
     def as_json(self) -> dict[str, Any]:
         return {"event": self.event, "rule": self.rule, "rule_ref": self.rule_ref, "outcome": self.outcome,
@@ -82,5 +88,10 @@ def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None) -> Dec
     try:
         parameters = render(rule.parameters, event.payload, meta)
     except ExpressionError as exc:
-        return Decision(event.id, rule.id, rule.ref, "template_error", rule.action_ref, None, str(exc))
+        return Decision(event.id, rule.id, rule.ref, "template_error", rule.action_ref, None, _text(str(exc)))
     return Decision(event.id, rule.id, rule.ref, "requested", rule.action_ref, parameters)
+
+
+def _text(message: str) -> str:
+    # PostgreSQL text cannot hold NUL; an error quoting a template may contain one.
+    return message.replace("\x00", "\\x00")

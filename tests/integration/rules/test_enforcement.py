@@ -133,3 +133,23 @@ async def test_a_rule_survives_its_deletion_in_the_record(conn: Conn, pool: Pool
     [f] = enforcements(conn, event)
     assert f["rule"] is None
     assert f["rule_ref"] == "test.on_push"
+
+
+async def test_a_poison_event_does_not_hold_up_the_queue(conn: Conn, pool: Pool) -> None:
+    """A rendered parameter PostgreSQL cannot store (a NUL character) fails the batch's
+    transaction: the events are retried one by one, and the poison one is recorded with
+    its request refused rather than retried forever."""
+    setup(conn)
+    rule(
+        conn, "test.nul", criteria={"trigger.n": {"type": "equals", "pattern": 1}}, parameters={"msg": "{{ '\\x00' }}"}
+    )
+    rule(conn, "test.fine")
+    events = [emit(conn, {"n": n, "branch": "b"}) for n in range(3)]
+    result = await run_pass(pool)
+    assert result.events == 3
+    assert pending(conn) == []
+    by = {(f["event"], f["rule_ref"]): f for f in enforcements(conn)}
+    assert by[(events[1], "test.nul")]["outcome"] == "request_error"
+    assert "\x00" not in by[(events[1], "test.nul")]["error"]
+    assert by[(events[1], "test.fine")]["outcome"] == "request_error"  # the whole event is degraded
+    assert [by[(e, "test.fine")]["outcome"] for e in (events[0], events[2])] == ["requested", "requested"]

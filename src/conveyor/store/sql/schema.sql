@@ -562,7 +562,7 @@ BEGIN
         WHERE x.event = ANY(taken)
         ORDER BY x.event, x.rule
     LOOP
-        IF d.outcome NOT IN ('requested', 'template_error', 'rule_disabled') THEN
+        IF d.outcome NOT IN ('requested', 'template_error', 'request_error', 'rule_disabled') THEN
             RAISE EXCEPTION 'enforce_events: unknown outcome %', quote_literal(d.outcome);
         END IF;
         IF EXISTS (SELECT 1 FROM enforcement f WHERE f.rule = d.rule AND f.event = d.event) THEN

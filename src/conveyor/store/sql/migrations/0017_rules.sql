@@ -13,7 +13,8 @@
 -- message: one bad rule neither blocks the event's other rules nor the batch.
 --
 -- decisions: a JSON array of {event, rule, rule_ref, outcome, action_ref, parameters, error}
--- with outcome 'requested' | 'template_error' | 'rule_disabled'. Decisions for events not
+-- with outcome 'requested' | 'template_error' | 'rule_disabled' (or 'request_error': a request
+-- the executor already saw refused when it retried an event alone). Decisions for events not
 -- pending any more are ignored (a duplicate pass, a replayed NOTIFY). The execution is
 -- requested before its enforcement row is inserted because enforcement's CHECK ties
 -- outcome 'requested' to a non-NULL execution; the enforcement id is taken from its
@@ -46,7 +47,7 @@ BEGIN
         WHERE x.event = ANY(taken)
         ORDER BY x.event, x.rule
     LOOP
-        IF d.outcome NOT IN ('requested', 'template_error', 'rule_disabled') THEN
+        IF d.outcome NOT IN ('requested', 'template_error', 'request_error', 'rule_disabled') THEN
             RAISE EXCEPTION 'enforce_events: unknown outcome %', quote_literal(d.outcome);
         END IF;
         IF EXISTS (SELECT 1 FROM enforcement f WHERE f.rule = d.rule AND f.event = d.event) THEN

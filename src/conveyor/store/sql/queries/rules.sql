@@ -55,3 +55,17 @@ SELECT delete_rule(%(ref)s) AS deleted;
 -- name: set_rule_enabled
 -- Enable or disable a rule by ref; no row: no such rule.
 SELECT rule_id, was FROM set_rule_enabled(%(ref)s, %(enabled)s);
+
+-- name: lock_pending_events
+-- These pending events (an event of a failed batch retried alone), locked, with their
+-- rules: pick_pending_events for given ids.
+WITH picked AS (
+    SELECT p.event FROM event_pending p WHERE p.event = ANY(%(ids)s) FOR UPDATE SKIP LOCKED
+)
+SELECT e.id, e.trigger, e.payload, e.source, e.received,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', r.id, 'ref', r.ref, 'criteria', r.criteria, 'action_ref', r.action_ref,
+                     'parameters', r.parameters, 'enabled', r.enabled, 'updated', r.updated) ORDER BY r.id)
+                 FROM rule r WHERE r.trigger = e.trigger), '[]') AS rules
+FROM picked k JOIN event e ON e.id = k.event
+ORDER BY e.id;
