@@ -88,3 +88,8 @@ def test_decide() -> None:
     assert broken.error
     raw = RuleRow(1, "r", {"trigger.a": {"type": "bogus"}}, "x", {}, True)
     assert decide(raw, EventRow(9, "t", {}, "sql", "")).outcome == "template_error"  # type: ignore[union-attr]
+
+
+def test_lone_surrogates_are_refused() -> None:
+    with pytest.raises(InvalidRuleError, match="not valid Unicode"):
+        parse.load(b'{"ref": "a.b", "description": "\\ud800", "trigger": "t", "action": {"ref": "x.y"}}')

@@ -46,6 +46,10 @@ def parse(doc: Any, where: str = "") -> RuleSpec:
     problems: Problems = []
     if not isinstance(doc, Mapping):
         raise InvalidRuleError([(where, "", "a rule must be a mapping (ref, trigger, criteria, action)")])
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no database text can hold
+        json.dumps(doc, default=str, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRuleError([(where, "", f"not valid Unicode: {exc.reason}")]) from None
     for key in doc:
         if key not in KNOWN and key not in IGNORED:
             problems.append((str(key), "unknown key"))

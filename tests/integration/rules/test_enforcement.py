@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import asyncio
 
+from prometheus_client import REGISTRY
+
 from conveyor.executor.events import Enforcer
 from integration.builders import Conn, Pool
 from integration.rules.kit import action, emit, enforcements, executions_of, pending, rule, run_pass, trigger
+
+
+def counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("conveyor_enforcements_total", {"outcome": outcome}) or 0.0
+
+
+def processed(result: str) -> float:
+    return REGISTRY.get_sample_value("conveyor_events_processed_total", {"result": result}) or 0.0
+
 
 MAIN = {"trigger.branch": {"type": "equals", "pattern": "main"}}
 

@@ -24,12 +24,11 @@ Ctx = Annotated[ApiContext, Depends(context)]
 RULE_BODY = {
     "requestBody": {
         "required": True,
-        "description": "one rule, as JSON or YAML (StackStorm's rule files load unchanged)",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "application/yaml": {"schema": {"type": "string"}},
-            "text/yaml": {"schema": {"type": "string"}},
-        },
+        # YAML text (application/yaml) is accepted too -- the body is read as YAML, which
+        # JSON is -- but only JSON is declared: a YAML string schema would let generated
+        # clients send any text, which is no rule either way.
+        "description": "one rule, as JSON (or YAML text: StackStorm's rule files load unchanged)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
     }
 }
 REGISTER_RESPONSES: dict[int | str, dict[str, Any]] = {
