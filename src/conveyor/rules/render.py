@@ -89,7 +89,20 @@ def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None) -> Dec
         parameters = render(rule.parameters, event.payload, meta)
     except ExpressionError as exc:
         return Decision(event.id, rule.id, rule.ref, "template_error", rule.action_ref, None, _text(str(exc)))
+    if _has_nul(parameters):  # jsonb cannot hold NUL: refused here, not by the batch's write
+        message = "the parameters rendered to a NUL character, which cannot be stored"
+        return Decision(event.id, rule.id, rule.ref, "template_error", rule.action_ref, None, message)
     return Decision(event.id, rule.id, rule.ref, "requested", rule.action_ref, parameters)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _text(message: str) -> str:

@@ -4,10 +4,14 @@ one execution per 'requested' enforcement, and nothing doubled by a second pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 from prometheus_client import REGISTRY
 
+from conveyor.executor import events as events_module
 from conveyor.executor.events import Enforcer
+from conveyor.rules.render import Decision, EventRow, RuleRow
 from integration.builders import Conn, Pool
 from integration.rules.kit import action, emit, enforcements, executions_of, pending, rule, run_pass, trigger
 
@@ -146,15 +150,24 @@ async def test_a_rule_survives_its_deletion_in_the_record(conn: Conn, pool: Pool
     assert f["rule_ref"] == "test.on_push"
 
 
-async def test_a_poison_event_does_not_hold_up_the_queue(conn: Conn, pool: Pool) -> None:
-    """A rendered parameter PostgreSQL cannot store (a NUL character) fails the batch's
-    transaction: the events are retried one by one, and the poison one is recorded with
-    its request refused rather than retried forever."""
+async def test_a_poison_event_does_not_hold_up_the_queue(conn: Conn, pool: Pool, monkeypatch: Any) -> None:
+    """A decision PostgreSQL refuses to store fails the batch's transaction: the events are
+    retried one by one, and the poison one is recorded with its requests refused
+    (request_error naming the database's error) rather than retried forever. (A NUL
+    character made by a template is caught earlier, as a template_error; to reach the
+    fallback, decide() is made to let one through.)"""
     setup(conn)
-    rule(
-        conn, "test.nul", criteria={"trigger.n": {"type": "equals", "pattern": 1}}, parameters={"msg": "{{ '\\x00' }}"}
-    )
+    rule(conn, "test.nul", criteria={"trigger.n": {"type": "equals", "pattern": 1}}, parameters={"msg": "x"})
     rule(conn, "test.fine")
+    real = events_module.decide
+
+    def leaky(rule: RuleRow, event: EventRow, tree: Any = None) -> Decision | None:
+        decision = real(rule, event, tree)
+        if decision is not None and rule.ref == "test.nul":
+            return dataclasses.replace(decision, parameters={"msg": "\x00"})
+        return decision
+
+    monkeypatch.setattr(events_module, "decide", leaky)
     events = [emit(conn, {"n": n, "branch": "b"}) for n in range(3)]
     result = await run_pass(pool)
     assert result.events == 3
@@ -164,3 +177,13 @@ async def test_a_poison_event_does_not_hold_up_the_queue(conn: Conn, pool: Pool)
     assert "\x00" not in by[(events[1], "test.nul")]["error"]
     assert by[(events[1], "test.fine")]["outcome"] == "request_error"  # the whole event is degraded
     assert [by[(e, "test.fine")]["outcome"] for e in (events[0], events[2])] == ["requested", "requested"]
+
+
+async def test_a_template_making_a_nul_is_a_template_error(conn: Conn, pool: Pool) -> None:
+    setup(conn)
+    rule(conn, "test.nul", parameters={"msg": "{{ '\\x00' }}"})
+    event = emit(conn, {})
+    await run_pass(pool)
+    [f] = enforcements(conn, event)
+    assert f["outcome"] == "template_error"
+    assert "NUL" in f["error"]
