@@ -102,3 +102,14 @@ def test_executor_killed_mid_pass(procs: Procs, env: dict[str, str], db: Conn, p
     start_executor(procs, env, "replacement")
     until(procs, lambda: pending(db) == 0)
     check(db, events)
+
+
+def test_two_executors_one_killed_mid_pass(procs: Procs, env: dict[str, str], db: Conn) -> None:
+    """Two replicas on one queue; one dies holding a batch (its locks die
+    with its connection); the survivor enforces what it left, nothing twice."""
+    events = setup(db)
+    doomed = start_executor(procs, env, "doomed", CONVEYOR_FAILPOINTS="events.after_enforcement@1")
+    start_executor(procs, env, "survivor")
+    assert doomed.wait(30) == SIGKILLED, doomed.logs()
+    until(procs, lambda: pending(db) == 0)
+    check(db, events)
