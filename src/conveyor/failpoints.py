@@ -16,7 +16,11 @@ transaction that applies a workflow's events unless said otherwise:
 ``workflow.after_child_row`` (the children requested and set on their dispatches),
 ``workflow.before_commit`` (everything applied, events deleted, not committed),
 ``workflow.after_commit`` (committed: the children's wake-ups are out, this executor has
-not acted on anything since).
+not acted on anything since). Rules (executor/events.py), inside the one transaction of a pass
+unless said otherwise: ``events.after_claim`` (pending events locked and read, nothing
+written), ``events.after_enforcement`` (enforce_events returned: enforcements written,
+executions requested, pending rows deleted), ``events.before_commit``, ``events.after_commit``
+(committed, metrics not yet counted).
 
 Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
 while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.

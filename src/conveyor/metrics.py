@@ -108,3 +108,16 @@ WEBHOOK_REQUESTS = Counter(
     '(a registered name, else "unknown") and HTTP status code',
     ["webhook", "code"],
 )
+
+# Rules (executor/events.py), counted after commit. No trigger label: trigger names are
+# the users', and a label per name would grow without bound.
+EVENTS_PROCESSED = Counter(
+    "conveyor_events_processed_total",
+    "Events whose rules this process evaluated, by whether any rule matched (matched, unmatched)",
+    ["result"],
+)
+ENFORCEMENTS = Counter(
+    "conveyor_enforcements_total",
+    "Enforcements written by this process, by outcome (requested, template_error, request_error, rule_disabled)",
+    ["outcome"],
+)

@@ -13,7 +13,17 @@ from conveyor.api import dashboard, errors
 from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
-from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, webhooks, workflows
+from conveyor.api.routes import (
+    dead_letters,
+    executions,
+    health,
+    inquiries,
+    policies,
+    resources,
+    rules,
+    webhooks,
+    workflows,
+)
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -47,6 +57,7 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     # POST /api/v1/webhooks/{name} (the door) takes no API token: each webhook's own auth
     # decides (routes/webhooks.py). Its administration needs tokens, as every other route.
     v1.include_router(webhooks.router)
+    v1.include_router(rules.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

@@ -20,6 +20,7 @@ from conveyor.domain.errors import (
     InvalidAnswerError,
     InvalidParametersError,
     InvalidPayloadError,
+    InvalidRuleError,
     InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
@@ -64,7 +65,7 @@ def install(app: FastAPI) -> None:
             return error(404, str(exc))
         if isinstance(exc, ConflictError):
             return error(409, str(exc))
-        if isinstance(exc, InvalidWorkflowError):  # every problem, each with its path
+        if isinstance(exc, InvalidWorkflowError | InvalidRuleError):  # every problem, each with its path
             problems = [{"path": path, "message": message} for _, path, message in exc.problems]
             return error(422, str(exc), problems=problems)
         if isinstance(exc, ForbiddenError):

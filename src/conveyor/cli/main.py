@@ -15,6 +15,7 @@ from conveyor.cli import (
     executions,
     inquiries,
     policies,
+    rules,
     run,
     services,
     tokens,
@@ -59,6 +60,7 @@ app.add_typer(tokens.app, name="tokens")
 app.add_typer(workflows.app, name="workflows")
 app.add_typer(inquiries.app, name="inquiries")
 app.add_typer(webhooks.app, name="webhooks")
+app.add_typer(rules.app, name="rules")
 
 
 def _user_facing(exc: BaseException) -> str | None:

@@ -81,3 +81,15 @@ class InvalidPayloadError(ConveyorError):
         super().__init__(f"invalid payload for trigger {trigger}: " + "; ".join(problems))
         self.trigger = trigger
         self.problems = problems
+
+
+class InvalidRuleError(ConveyorError):
+    """A rule registration refused, with every problem found: ``problems`` are (where,
+    path, message) as for :class:`InvalidWorkflowError` (``criteria.trigger.x.pattern``)."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        super().__init__(f"invalid rule ({len(problems)} problem(s)): " + "; ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        return [": ".join(part for part in problem if part) for problem in self.problems]

@@ -18,6 +18,7 @@ from conveyor.config import Settings
 from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
+from conveyor.executor.events import Enforcer
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.workflows import Advancer
@@ -63,6 +64,8 @@ class ExecutorService:
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
+        self._enforcer = Enforcer(pool, batch_size=settings.events.batch_size)
+        self._event_bell = transport.subscribe(Topic.EVENT)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
@@ -103,6 +106,8 @@ class ExecutorService:
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
             tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
             tg.create_task(self._workflow_loop(stop), name="executor-workflows")
+            tg.create_task(_ring_on(stop, self._event_bell), name="executor-stop-event-bell")
+            tg.create_task(self._event_loop(stop), name="executor-events")
             tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
                            name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
@@ -177,6 +182,27 @@ class ExecutorService:
             if result.advanced + result.failed + result.skipped >= cfg.batch_size:
                 continue  # a full batch: there may be more waiting
             await self._workflow_bell.wait(cfg.poll_interval)
+
+    async def _event_loop(self, stop: asyncio.Event) -> None:
+        """Evaluate pending events' rules (executor/events.py): woken by the 'event'
+        topic, and polled -- the reconciler for what a dead replica left pending."""
+        cfg = self.settings.events
+        while not stop.is_set():
+            try:
+                # Shielded: a pass in flight commits or rolls back whole anyway.
+                result = await asyncio.shield(self._enforcer.run_pass())
+            except psycopg.OperationalError as exc:
+                log.warning("rules pass failed; database unreachable", error=str(exc).strip())
+                await _sleep_or_stop(stop, cfg.poll_interval)
+                continue
+            except Exception:  # a bug must not stop the loop; the events stay pending
+                self._duty_failed("rules")
+                await _sleep_or_stop(stop, cfg.poll_interval)
+                continue
+            self._duty_succeeded("rules")
+            if result.events >= cfg.batch_size:
+                continue  # a full batch: there may be more waiting
+            await self._event_bell.wait(cfg.poll_interval)
 
     async def _workflow_timeouts(self) -> int:
         """Task and workflow deadlines passed become 'timeout' events."""

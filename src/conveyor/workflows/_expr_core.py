@@ -60,6 +60,9 @@ class Scope:
     index: int | None = None
     tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     item_vars: tuple[str, ...] = ()
+    # Rules (conveyor.rules.render): Jinja sees ctx's variables by name too, as StackStorm
+    # rule templates write them (``{{ trigger.body.x }}``); workflows keep Orquesta's ctx().
+    jinja_names: bool = False
 
 
 def item_vars(var: str | None) -> tuple[str, ...]:

@@ -135,6 +135,8 @@ def syntax_error(text: str, *, template: bool = False) -> str | None:
 def _values(ev: Evaluation) -> dict[str, Any]:
     # Orquesta's Jinja sees the workflow variables through ctx() only; ``_`` is Mistral's
     # name for them, kept because old workflows use it.
+    if ev.scope.jinja_names:
+        return {**{k: v for k, v in ev.ctx_view.items() if k.isidentifier()}, "_": dict(ev.ctx_view)}
     return {"_": dict(ev.ctx_view)}
 
 

@@ -559,6 +559,68 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.enforce_events(events bigint[], decisions jsonb) RETURNS TABLE(event bigint, enforcement bigint, rule_ref text, outcome text, execution bigint, error text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    taken bigint[];
+    d record;
+    eid bigint;
+    done text;
+    exec_id bigint;
+    err text;
+    previous text := current_setting('conveyor.requested_by', true);
+BEGIN
+    WITH gone AS (
+        DELETE FROM event_pending p WHERE p.event = ANY(enforce_events.events) RETURNING p.event
+    )
+    SELECT coalesce(array_agg(g.event ORDER BY g.event), '{}') INTO taken FROM gone g;
+    FOR d IN
+        SELECT x.* FROM jsonb_to_recordset(coalesce(decisions, '[]'))
+            AS x(event bigint, rule bigint, rule_ref text, outcome text, action_ref text, parameters jsonb, error text)
+        WHERE x.event = ANY(taken)
+        ORDER BY x.event, x.rule
+    LOOP
+        IF d.outcome NOT IN ('requested', 'template_error', 'request_error', 'rule_disabled') THEN
+            RAISE EXCEPTION 'enforce_events: unknown outcome %', quote_literal(d.outcome);
+        END IF;
+        IF EXISTS (SELECT 1 FROM enforcement f WHERE f.rule = d.rule AND f.event = d.event) THEN
+            CONTINUE;  -- cannot happen while the event_pending guard holds; harmless if it does
+        END IF;
+        eid := nextval(pg_get_serial_sequence('enforcement', 'id'));
+        done := d.outcome;
+        exec_id := NULL;
+        err := d.error;
+        IF done = 'requested' THEN
+            PERFORM set_config('conveyor.requested_by', 'rule:' || d.rule_ref, true);
+            BEGIN
+                SELECT r.execution_id INTO exec_id
+                FROM request_execution_once(d.action_ref, coalesce(d.parameters, '{}'), NULL, NULL, NULL, eid) r;
+            EXCEPTION WHEN SQLSTATE 'CVA01' OR SQLSTATE 'CVA02' THEN
+                done := 'request_error';
+                err := SQLERRM;
+                exec_id := NULL;
+            END;
+        END IF;
+        INSERT INTO enforcement AS f (id, rule, rule_ref, event, outcome, execution, parameters, error)
+        OVERRIDING SYSTEM VALUE
+        VALUES (eid, d.rule, d.rule_ref, d.event, done, exec_id, d.parameters, err)
+        ON CONFLICT (rule, event) WHERE event IS NOT NULL DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'enforcement of rule % for event % written twice', d.rule_ref, d.event
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+        event := d.event; enforcement := eid; rule_ref := d.rule_ref; outcome := done;
+        execution := exec_id; error := err;
+        RETURN NEXT;
+    END LOOP;
+    PERFORM set_config('conveyor.requested_by', coalesce(previous, ''), true);
+    RETURN QUERY SELECT t, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::text FROM unnest(taken) t;
+END
+$$;
+
 CREATE FUNCTION conveyor.event_immutable() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'

@@ -1,0 +1,1 @@
+"""Rules: criteria on event payloads and the executions they request (issue #13)."""
