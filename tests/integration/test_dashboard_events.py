@@ -91,9 +91,11 @@ async def test_event_page_shows_rules_outcomes_replays_escaped(api: Api) -> None
     assert live.status_code == 200
     assert "data-final" in live.text
 
-    for missing in ("999999", "0", "abc", "9" * 30):
+    for missing in ("999999", "0", "abc", "9" * 30, "%C2%B2"):  # (² is a digit to str.isdigit)
         assert (await api.get(f"/events/{missing}")).status_code == 404
         assert (await api.get(f"/_live/events/{missing}")).status_code == 404
+    assert (await api.get("/executions/%C2%B2")).status_code == 404  # was a 500
+    assert "before must be a positive integer" in (await api.get("/executions?before=%C2%B2")).text
 
 
 async def test_a_large_payload_is_cut_safely(api: Api) -> None:

@@ -66,7 +66,7 @@ class EnforcementFilters:
 
 def positive_id(raw: str, what: str) -> int:
     """A path's id, or NotFound (a 404) for anything that is not one."""
-    if not raw.isdigit() or not 1 <= int(raw) <= 2**62:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 2**62:  # ("²".isdigit(): int() refuses it)
         raise NotFound(f"no {what} {raw[:64]}")
     return int(raw)
 
@@ -74,12 +74,15 @@ def positive_id(raw: str, what: str) -> int:
 # -- events -----------------------------------------------------------------------------
 
 
-async def events(conn: Any, filters: EventFilters) -> dict[str, Any]:
+async def events(conn: Any, filters: EventFilters, page: bool = True) -> dict[str, Any]:
+    """The page (``page``: with its filter's choices) or its live part (the rows only)."""
     params = {"trigger": filters.trigger, "before": filters.before, "limit": PAGE}
     rows = await (await conn.execute(Q["dash_events"], params)).fetchall()
-    triggers = [t["name"] for t in await (await conn.execute(Q["dash_triggers"])).fetchall()]
     older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
-    return {"events": rows, "older": older, "triggers": triggers, "filters": filters}
+    values = {"events": rows, "older": older, "filters": filters}
+    if page:
+        values["triggers"] = [t["name"] for t in await (await conn.execute(Q["dash_trigger_names"])).fetchall()]
+    return values
 
 
 async def event(conn: Any, eid: int) -> dict[str, Any]:
@@ -96,13 +99,15 @@ async def event(conn: Any, eid: int) -> dict[str, Any]:
             "replays": replays, "final": final}  # fmt: skip
 
 
-async def enforcements(conn: Any, filters: EnforcementFilters) -> dict[str, Any]:
+async def enforcements(conn: Any, filters: EnforcementFilters, page: bool = True) -> dict[str, Any]:
     params = {"outcome": filters.outcome, "rule_ref": filters.rule, "event": None, "before": filters.before,
               "limit": PAGE}  # fmt: skip
     rows = await (await conn.execute(Q["dash_enforcements"], params)).fetchall()
     older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
-    rules = [r["ref"] for r in await (await conn.execute(Q["dash_rules"])).fetchall()]
-    return {"enforcements": rows, "older": older, "filters": filters, "outcomes": OUTCOMES, "rules": rules}
+    values = {"enforcements": rows, "older": older, "filters": filters, "outcomes": OUTCOMES}
+    if page:
+        values["rules"] = [r["ref"] for r in await (await conn.execute(Q["dash_rule_refs"])).fetchall()]
+    return values
 
 
 # -- rules, triggers, webhooks ----------------------------------------------------------

@@ -20,11 +20,11 @@ router = APIRouter()
 # -- events -----------------------------------------------------------------------------
 
 
-def _events_loader(request: Request) -> Loader:
+def _events_loader(request: Request, page: bool = True) -> Loader:
     filters = EventFilters.parse(request.query_params)
 
     async def load(conn: Any) -> dict[str, Any]:
-        return await automation.events(conn, filters)
+        return await automation.events(conn, filters, page)
 
     return load
 
@@ -36,7 +36,7 @@ async def events(request: Request) -> Response:
 
 @router.get("/_live/events")
 async def events_live(request: Request) -> Response:
-    return await _view(request, "events.html", _events_loader(request), live=True)
+    return await _view(request, "events.html", _events_loader(request, page=False), live=True)
 
 
 def _event_loader(event_id: str) -> Loader:
@@ -59,11 +59,11 @@ async def event_live(request: Request, event_id: str) -> Response:
 # -- enforcements -----------------------------------------------------------------------
 
 
-def _enforcements_loader(request: Request) -> Loader:
+def _enforcements_loader(request: Request, page: bool = True) -> Loader:
     filters = EnforcementFilters.parse(request.query_params)
 
     async def load(conn: Any) -> dict[str, Any]:
-        return await automation.enforcements(conn, filters)
+        return await automation.enforcements(conn, filters, page)
 
     return load
 
@@ -75,7 +75,7 @@ async def enforcements(request: Request) -> Response:
 
 @router.get("/_live/enforcements")
 async def enforcements_live(request: Request) -> Response:
-    return await _view(request, "enforcements.html", _enforcements_loader(request), live=True)
+    return await _view(request, "enforcements.html", _enforcements_loader(request, page=False), live=True)
 
 
 # -- rules, triggers and webhooks -------------------------------------------------------

@@ -37,7 +37,7 @@ def _id(params: Mapping[str, str], key: str, problems: list[str]) -> int | None:
     raw = params.get(key, "").strip()
     if not raw:
         return None
-    if raw.isdigit() and 1 <= int(raw) <= _MAX_ID:
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= _MAX_ID:  # ("²".isdigit(), but int() refuses it)
         return int(raw)
     problems.append(f"{key} must be a positive integer")
     return None

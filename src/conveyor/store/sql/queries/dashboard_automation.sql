@@ -119,3 +119,11 @@ LEFT JOIN LATERAL (SELECT sl.schedule, sl.slot FROM schedule_slot sl
                    WHERE sl.execution = x.id ORDER BY sl.slot LIMIT 1) l ON true
 LEFT JOIN schedule s ON s.id = l.schedule
 WHERE x.id = %(id)s;
+
+-- name: dash_trigger_names
+-- The events page's trigger filter (names only: counting events is the triggers page's).
+SELECT name FROM trigger ORDER BY name;
+
+-- name: dash_rule_refs
+-- The enforcements page's rule filter.
+SELECT ref FROM rule ORDER BY ref;
