@@ -60,6 +60,19 @@ def test_nothing_past_the_end_or_for_what_cannot_be_read() -> None:
     assert upcoming({"kind": "date", "at": soon, "next_fire": soon, "ends": None}, NOW) == [soon]
 
 
+def test_six_fields_put_seconds_first() -> None:
+    # "30 */5 * * * *": second 30 of every fifth minute (seconds first, as the engine reads it).
+    times = upcoming(cron("30 */5 * * * *"), NOW)
+    assert times == [datetime(2026, 3, 28, 12, m, 30, tzinfo=UTC) for m in (5, 10, 15)]
+
+
+def test_a_repeated_wall_time_is_shown_once() -> None:
+    # Paris falls back on 2026-10-25: 02:30 happens twice; the slot is its first occurrence.
+    before = datetime(2026, 10, 24, 12, 0, tzinfo=UTC)
+    times = upcoming(cron("30 2 * * *", "Europe/Paris"), before)
+    assert times[:2] == [datetime(2026, 10, 25, 0, 30, tzinfo=UTC), datetime(2026, 10, 26, 1, 30, tzinfo=UTC)]
+
+
 @given(st.text(max_size=40), st.text(max_size=40))
 def test_any_expression_or_zone_answers_a_list(expr: str, tz: str) -> None:
     times = upcoming(cron(expr, tz), NOW)

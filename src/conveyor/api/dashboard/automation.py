@@ -5,13 +5,15 @@ fill them (rules, webhooks, schedules) are elsewhere; these pages only read.
 
 A schedule's next fire times: ``next_fire`` is the engine's (stored); the ones after it
 are computed here by ``upcoming`` (croniter for cron, steps of ``every`` for interval),
-from the stored next_fire or else the database clock -- display only, never a decision."""
+from the stored next_fire or else the database clock -- display only, never a decision.
+(When the schedules engine's conveyor.domain.schedules is merged, its ``upcoming`` is the
+one to call here: same convention, and its DST-gap rule to the second.)"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -169,11 +171,19 @@ def upcoming(schedule: Mapping[str, Any], now: datetime, count: int = UPCOMING) 
         zone = _zone(schedule.get("timezone") or "UTC")
         if zone is None or not croniter.is_valid(schedule["cron"]):
             return times[:count]
-        base = (start or now).astimezone(zone)
+        # As the schedules engine reads them: six fields put seconds first (Quartz, robfig;
+        # croniter's default is last), matched against wall-clock times in the zone.
+        expr = schedule["cron"]
+        last = start or now
         try:
-            it = croniter(schedule["cron"], base)
-            while len(times) < count:
-                times.append(it.get_next(datetime))
+            it = croniter(expr, last.astimezone(zone).replace(tzinfo=None), second_at_beginning=len(expr.split()) == 6)
+            for _ in range(4 * count):  # a repeated (fall-back) wall time is skipped, not shown twice
+                if len(times) >= count:
+                    break
+                slot = it.get_next(datetime).replace(tzinfo=zone, fold=0).astimezone(UTC)
+                if slot > last:
+                    times.append(slot)
+                    last = slot
         except (ValueError, KeyError, OverflowError):  # croniter's refusals of odd expressions
             return times[:count]
     return [t for t in times[:count] if ends is None or t <= ends]
