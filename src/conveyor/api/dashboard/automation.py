@@ -96,7 +96,11 @@ async def event(conn: Any, eid: int) -> dict[str, Any]:
     replays = await (await conn.execute(Q["dash_event_replays"], {"id": eid, "limit": DETAIL_ROWS})).fetchall()
     # Final once its rules were evaluated and each execution it requested has finished
     # (a later replay of it then shows when the page is loaded again).
-    final = not row["pending"] and all(f["execution_status"] in FINISHED for f in enforcements if f["execution"])
+    final = not row["pending"] and all(
+        f["execution_status"] in FINISHED or f["execution_status"] is None  # None: purged since
+        for f in enforcements
+        if f["execution"]
+    )
     return {"event": row, "payload": Shown.of(pretty(row["payload"])), "enforcements": enforcements,
             "replays": replays, "final": final}  # fmt: skip
 
