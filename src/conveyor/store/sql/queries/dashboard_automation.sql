@@ -50,7 +50,7 @@ SELECT r.id, r.ref, r.trigger, r.action_ref, r.enabled, r.description, r.updated
        last.execution AS last_execution
 FROM rule r
 LEFT JOIN LATERAL (SELECT f.id, f.outcome, f.created, f.execution FROM enforcement f
-                   WHERE f.rule = r.id ORDER BY f.created DESC, f.id DESC LIMIT 1) last ON true
+                   WHERE f.rule = r.id ORDER BY f.created DESC LIMIT 1) last ON true
 ORDER BY r.ref;
 
 -- name: dash_rule
