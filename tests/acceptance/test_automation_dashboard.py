@@ -4,10 +4,12 @@ events → an event (its payload, with markup in it, shown as text) → the exec
 rule requested (which says what started it, and completes), then the schedules page and
 a schedule's slots. The automation rows are written as the engines would leave them
 (integration/automation_kit.py), in one transaction, so no engine sees the event
-pending. Screenshots: ``$CONVEYOR_TEST_ARTIFACTS/dashboard/automation-*.png``."""
+pending. Screenshots: ``$CONVEYOR_TEST_ARTIFACTS/automation`` (default ``test-artifacts/``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
-from acceptance.test_dashboard import CHROMIUM, Db, _start_api, _unavailable
-from acceptance.test_dashboard import artifacts as artifacts  # the fixture, shared
+from acceptance.test_dashboard import ARTIFACTS, CHROMIUM, Db, _start_api, _unavailable
 from integration.automation_kit import (
     EVALUATED,
     INSERT_ENFORCEMENT,
@@ -36,6 +37,16 @@ MARKUP = "<script>document.title='owned'</script><img src=x onerror=alert(1)>"
 @pytest.fixture
 def env(db_url: str) -> dict[str, str]:
     return conveyor_env(db_url)
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    # A folder of its own, as test_workflow_graph_dashboard.py keeps: the other dashboard
+    # tests empty theirs when they start.
+    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "automation"
+    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
+    folder.mkdir(parents=True)
+    return folder
 
 
 def _id(db: Db, query: str, params: Any = None) -> int:
