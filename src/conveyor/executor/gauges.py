@@ -10,7 +10,11 @@
   the oldest execution dispatched but not started, and waiting to be placed;
 - ``conveyor_admission_slots_held{policy}``, ``conveyor_admission_queue_depth{policy}`` and
   ``conveyor_admission_oldest_wait_seconds{policy}``: per admission policy (telemetry
-  derived from the admission tables, never consulted for a decision).
+  derived from the admission tables, never consulted for a decision);
+- ``conveyor_events_pending`` and ``conveyor_events_pending_oldest_seconds``: events whose
+  rules are not evaluated yet (event_pending) and the oldest one's wait;
+  ``conveyor_schedules{state}`` (paused, active) and ``conveyor_schedules_overdue``: active
+  schedules whose next_fire is more than 1 s past (issue #13).
 
 Ages use the database clock. Each refresh replaces the whole snapshot, so a worker that
 left drops out of the heartbeat series. The collector exports nothing until this process
@@ -74,6 +78,24 @@ def _families() -> dict[str, GaugeMetricFamily]:
             "How long the longest-waiting execution of each admission policy has waited (0 when none)",
             labels=["policy"],
         ),
+        **_automation_families(),
+    }
+
+
+def _automation_families() -> dict[str, GaugeMetricFamily]:
+    return {
+        "events_pending": GaugeMetricFamily(
+            "conveyor_events_pending", "Events waiting for their rules to be evaluated (event_pending)"
+        ),
+        "events_pending_oldest": GaugeMetricFamily(
+            "conveyor_events_pending_oldest_seconds",
+            "How long the oldest event waiting for its rules has waited (0 when none)",
+        ),
+        "schedules": GaugeMetricFamily("conveyor_schedules", "Schedules, paused or active", labels=["state"]),
+        "schedules_overdue": GaugeMetricFamily(
+            "conveyor_schedules_overdue",
+            "Active schedules whose next fire time is more than 1 s past (no executor is firing them)",
+        ),
     }
 
 
@@ -96,6 +118,7 @@ class DatabaseGauges:
         heartbeats: Iterable[dict[str, Any]],
         backlog: dict[str, Any],
         admission: Iterable[dict[str, Any]] = (),
+        automation: dict[str, Any] | None = None,
     ) -> None:
         """Replace the snapshot with rows of the ``metrics.sql`` queries."""
         f = _families()
@@ -111,6 +134,12 @@ class DatabaseGauges:
             f["admission_held"].add_metric([row["policy"]], row["held"])
             f["admission_waiting"].add_metric([row["policy"]], row["waiting"])
             f["admission_oldest"].add_metric([row["policy"]], row["oldest_wait"])
+        if automation is not None:
+            f["events_pending"].add_metric([], automation["events_pending"])
+            f["events_pending_oldest"].add_metric([], automation["events_pending_oldest"])
+            f["schedules"].add_metric(["paused"], automation["schedules_paused"])
+            f["schedules"].add_metric(["active"], automation["schedules_active"])
+            f["schedules_overdue"].add_metric([], automation["schedules_overdue"])
         self._snapshot = list(f.values())
 
     def clear(self) -> None:
@@ -131,6 +160,7 @@ async def refresh(pool: AsyncConnectionPool[Any]) -> None:
         heartbeats = await (await conn.execute(Q["worker_heartbeat_ages"])).fetchall()
         backlog = await (await conn.execute(Q["backlog_ages"])).fetchone()
         admission = await (await conn.execute(Q["admission_gauges"])).fetchall()
+        automation = await (await conn.execute(Q["automation_gauges"])).fetchone()
     assert workers is not None
     assert backlog is not None
-    GAUGES.publish(executions, workers, heartbeats, backlog, admission)
+    GAUGES.publish(executions, workers, heartbeats, backlog, admission, automation)

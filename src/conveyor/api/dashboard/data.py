@@ -37,7 +37,7 @@ def _id(params: Mapping[str, str], key: str, problems: list[str]) -> int | None:
     raw = params.get(key, "").strip()
     if not raw:
         return None
-    if raw.isdigit() and 1 <= int(raw) <= _MAX_ID:
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= _MAX_ID:  # ("²".isdigit(), but int() refuses it)
         return int(raw)
     problems.append(f"{key} must be a positive integer")
     return None
@@ -172,9 +172,14 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     # and, for a core.ask execution, its inquiry (where it is answered).
     children = await (await conn.execute(Q["execution_children"], {"id": eid, "after": None, "limit": PAGE})).fetchall()
     inquiry = await (await conn.execute(Q["inquiry_of_execution"], {"id": eid})).fetchone()
+    # What started it (issue #13): a rule's enforcement (and its event) or a schedule's slot.
+    origin = await (await conn.execute(Q["dash_execution_origin"], {"id": eid})).fetchone()
+    if origin is not None and origin["enforcement"] is None and origin["schedule"] is None:
+        origin = None
     return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
             "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid),
-            "children": children, "children_more": len(children) == PAGE, "inquiry": inquiry}  # fmt: skip
+            "children": children, "children_more": len(children) == PAGE, "inquiry": inquiry,
+            "origin": origin}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:

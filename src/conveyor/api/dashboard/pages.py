@@ -108,7 +108,7 @@ async def executions_live(request: Request) -> Response:
 
 def _execution_loader(execution_id: str) -> Loader:
     async def load(conn: Any) -> dict[str, Any]:
-        if not execution_id.isdigit() or not 1 <= int(execution_id) <= 2**62:
+        if not (execution_id.isascii() and execution_id.isdigit()) or not 1 <= int(execution_id) <= 2**62:
             raise NotFound(f"no execution {execution_id}")
         return await data.execution(conn, int(execution_id))
 
@@ -209,7 +209,7 @@ async def inquiries_live(request: Request) -> Response:
 
 def _inquiry_loader(inquiry_id: str) -> Loader:
     async def load(conn: Any) -> dict[str, Any]:
-        if not inquiry_id.isdigit() or not 1 <= int(inquiry_id) <= 2**62:
+        if not (inquiry_id.isascii() and inquiry_id.isdigit()) or not 1 <= int(inquiry_id) <= 2**62:
             raise NotFound(f"no inquiry {inquiry_id}")
         return await data.inquiry(conn, int(inquiry_id))
 

@@ -44,3 +44,17 @@ SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(scheduled)), 0):
                  WHERE e.status = 'requested' AND (e.not_before IS NULL OR e.not_before <= now())
                    AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)),
                 0) AS requested_oldest;
+
+-- name: automation_gauges
+-- Events waiting for their rules (event_pending) and the age of the oldest; schedules
+-- paused and active; schedules overdue: active with a next_fire more than 1 s past (the
+-- executors fire a slot when it is due: a growing count means none is firing them).
+-- Database clock; 0 when none.
+SELECT (SELECT count(*) FROM event_pending)::int AS events_pending,
+       coalesce((SELECT greatest(extract(epoch FROM now() - min(since)), 0)::float8 FROM event_pending), 0)
+           AS events_pending_oldest,
+       (SELECT count(*) FROM schedule WHERE paused)::int AS schedules_paused,
+       (SELECT count(*) FROM schedule WHERE NOT paused)::int AS schedules_active,
+       (SELECT count(*) FROM schedule
+        WHERE NOT paused AND next_fire IS NOT NULL AND next_fire < now() - interval '1 second')::int
+           AS schedules_overdue;
