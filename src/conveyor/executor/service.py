@@ -19,6 +19,7 @@ from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
+from conveyor.executor.schedules import Firer
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
@@ -63,6 +64,11 @@ class ExecutorService:
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
+        # Schedules: a change may bring the next slot sooner; a completion may free a
+        # buffered slot (buffer_one).
+        self._firer = Firer(pool, batch_size=settings.schedules.batch_size)
+        self._schedule_bell = transport.subscribe(Topic.SCHEDULE)
+        transport.subscribe(Topic.COMPLETED, bell=self._schedule_bell)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
@@ -103,6 +109,8 @@ class ExecutorService:
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
             tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
             tg.create_task(self._workflow_loop(stop), name="executor-workflows")
+            tg.create_task(_ring_on(stop, self._schedule_bell), name="executor-stop-schedule-bell")
+            tg.create_task(self._slots_loop(stop), name="executor-schedules")
             tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
                            name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
@@ -177,6 +185,29 @@ class ExecutorService:
             if result.advanced + result.failed + result.skipped >= cfg.batch_size:
                 continue  # a full batch: there may be more waiting
             await self._workflow_bell.wait(cfg.poll_interval)
+
+    async def _slots_loop(self, stop: asyncio.Event) -> None:
+        """Fire due schedule slots (executor/schedules.py), then sleep exactly until the
+        earliest next fire time (database clock), capped by schedules.poll_interval."""
+        poll = self.settings.schedules.poll_interval
+        while not stop.is_set():
+            try:
+                # Shielded: a pass commits or rolls back whole; this lets it finish.
+                result = await asyncio.shield(self._firer.run_pass())
+                await asyncio.shield(self._firer.release_buffered())
+                wait = 0.0 if result.full else await self._firer.until_next(poll)
+            except psycopg.OperationalError as exc:
+                log.warning("schedule pass failed; database unreachable", error=str(exc).strip())
+                await _sleep_or_stop(stop, poll)
+                continue
+            except Exception:  # a bug must not stop the loop
+                self._duty_failed("schedules")
+                await _sleep_or_stop(stop, poll)
+                continue
+            self._duty_succeeded("schedules")
+            if wait > 0:
+                await self._schedule_bell.wait(wait)
+            self._schedule_bell.take_payloads()  # completions' ids: not needed, not kept
 
     async def _workflow_timeouts(self) -> int:
         """Task and workflow deadlines passed become 'timeout' events."""
