@@ -143,7 +143,8 @@ def backfill_slots(row: Mapping[str, Any], since: datetime | str, until: datetim
     spec = sch.Spec.from_row(row)
     start = instant(since, "since", row["timezone"])
     end = instant(until, "until", row["timezone"])
-    assert start is not None and end is not None
+    assert start is not None
+    assert end is not None
     return sch.slots_between(spec, start, end)
 
 

@@ -6,6 +6,7 @@ schedules are moved into the past (created/updated/starts) rather than waited fo
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -59,13 +60,17 @@ async def test_each_slot_fires_once_and_next_fire_moves_on(conn: Conn, pool: Poo
     assert await fire(pool) == 5
     assert await fire(pool) == 0  # nothing due any more: no slot twice
     rows = slots(conn, "tick")
-    assert [r["outcome"] for r in rows] == ["requested"] * 5 and all(r["origin"] == "scheduled" for r in rows)
-    assert len({r["slot"] for r in rows}) == 5 and len({r["execution"] for r in rows}) == 5
+    assert [r["outcome"] for r in rows] == ["requested"] * 5
+    assert all(r["origin"] == "scheduled" for r in rows)
+    assert len({r["slot"] for r in rows}) == 5
+    assert len({r["execution"] for r in rows}) == 5
     who = conn.execute("SELECT DISTINCT requested_by FROM execution WHERE id = ANY(%s)",
                        ([r["execution"] for r in rows],)).fetchall()  # fmt: skip
     assert who == [{"requested_by": "schedule:tick"}]
     sched = conn.execute("SELECT next_fire > now() AS later, last_slot FROM schedule WHERE name = 'tick'").fetchone()
-    assert sched is not None and sched["later"] and sched["last_slot"] == rows[-1]["slot"]
+    assert sched is not None
+    assert sched["later"]
+    assert sched["last_slot"] == rows[-1]["slot"]
 
 
 @pytest.mark.parametrize(("policy", "fired", "missed"), [("skip", 0, 30), ("latest", 1, 29), ("all", 10, 20)])
@@ -86,8 +91,11 @@ async def test_outage_catch_up(conn: Conn, pool: Pool, client: Client, policy: s
 
 @pytest.mark.parametrize(
     ("policy", "expected"),
-    [("allow", ["requested"] * 3), ("skip", ["requested", "skipped", "skipped"]),
-     ("buffer_one", ["requested", "buffered", "skipped"])],  # fmt: skip
+    [
+        ("allow", ["requested"] * 3),
+        ("skip", ["requested", "skipped", "skipped"]),
+        ("buffer_one", ["requested", "buffered", "skipped"]),
+    ],
 )
 async def test_overlap(conn: Conn, pool: Pool, client: Client, policy: str, expected: list[str]) -> None:
     # No worker: the first run is still going when the next slots come.
@@ -107,7 +115,8 @@ async def test_overlap(conn: Conn, pool: Pool, client: Client, policy: str, expe
 async def test_overlap_cancel_previous(conn: Conn, pool: Pool, client: Client) -> None:
     client.create_schedule("latest-only", every=1, action="core.noop", overlap="cancel_previous")
     manual = client.fire_schedule("latest-only")
-    assert manual is not None and manual["origin"] == "manual"
+    assert manual is not None
+    assert manual["origin"] == "manual"
     backdate(conn, "latest-only", 2.5)
     conn.execute("UPDATE schedule_slot SET slot = now() - interval '1 hour'")  # the manual one: earlier
     await fire(pool)
@@ -125,11 +134,14 @@ async def test_pause_resume_fire_backfill(conn: Conn, pool: Pool, client: Client
     assert client.resume_schedule("ops")["was_paused"] is True
     assert await fire(pool) == 0  # resumed from now: the paused slots are not fired
     fired = client.fire_schedule("ops")
-    assert fired is not None and fired["outcome"] == "requested" and fired["origin"] == "manual"
+    assert fired is not None
+    assert fired["outcome"] == "requested"
+    assert fired["origin"] == "manual"
     created = client.schedule("ops")["created"]
     since = created.replace(microsecond=0)
     done = client.backfill_schedule("ops", since, since + timedelta(minutes=5))
-    assert len(done) == 5 and all(r["origin"] == "backfill" for r in done)
+    assert len(done) == 5
+    assert all(r["origin"] == "backfill" for r in done)
     assert client.backfill_schedule("ops", since, since + timedelta(minutes=5)) == []  # fired already
     with pytest.raises(NotFoundError):
         client.fire_schedule("nope")
@@ -142,9 +154,12 @@ async def test_events_when_no_action(conn: Conn, pool: Pool, client: Client) -> 
     backdate(conn, "beat", 2.5)
     await fire(pool)
     rows = slots(conn, "beat")
-    assert [r["outcome"] for r in rows] == ["emitted", "emitted"] and all(r["event"] for r in rows)
+    assert [r["outcome"] for r in rows] == ["emitted", "emitted"]
+    assert all(r["event"] for r in rows)
     event = conn.execute("SELECT trigger, source, payload FROM event WHERE id = %s", (rows[0]["event"],)).fetchone()
-    assert event is not None and event["trigger"] == "beat" and event["source"] == "schedule"
+    assert event is not None
+    assert event["trigger"] == "beat"
+    assert event["source"] == "schedule"
     assert event["payload"]["schedule"] == "beat"
     trig = conn.execute("SELECT type FROM trigger WHERE name = 'beat'").fetchone()
     assert trig == {"type": "interval"}
@@ -182,10 +197,13 @@ async def test_two_firers_at_once_fire_each_slot_once(conn: Conn, db_url: str, p
             return total
 
         a, b = await asyncio.gather(*(drain(f) for f in firers))
-    assert a > 0 and b > 0 and a + b == 100
+    assert a > 0
+    assert b > 0
+    assert a + b == 100
     count = conn.execute("SELECT count(*) AS slots, count(DISTINCT execution) AS execs FROM schedule_slot").fetchone()
     requested = conn.execute("SELECT count(*) AS n FROM execution WHERE requested_by LIKE 'schedule:%'").fetchone()
-    assert count == {"slots": 100, "execs": 100} and requested == {"n": 100}
+    assert count == {"slots": 100, "execs": 100}
+    assert requested == {"n": 100}
 
 
 def test_refusals(client: Client) -> None:
@@ -210,5 +228,6 @@ def test_refusals(client: Client) -> None:
 def test_next_fire_times_shown(client: Client) -> None:
     shown = client.create_schedule("shown", cron="0 12 * * *", timezone="Asia/Tokyo", action="core.noop")
     times: list[datetime] = shown["next_fire_times"]
-    assert len(times) == 5 and all(t.astimezone(UTC).hour == 3 for t in times)
-    assert [b - a for a, b in zip(times, times[1:], strict=False)] == [times[1] - times[0]] * 4
+    assert len(times) == 5
+    assert all(t.astimezone(UTC).hour == 3 for t in times)
+    assert [b - a for a, b in itertools.pairwise(times)] == [times[1] - times[0]] * 4

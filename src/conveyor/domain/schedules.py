@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter  # type: ignore[import-untyped]
 
 from conveyor.domain.delays import DelayError, parse_duration
 from conveyor.domain.errors import ConveyorError
@@ -93,7 +93,9 @@ def parse_timezone(name: str) -> ZoneInfo:
             raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise InvalidScheduleError(f"unknown time zone {name!r}: give an IANA name such as Europe/Paris or UTC") from None
+        raise InvalidScheduleError(
+            f"unknown time zone {name!r}: give an IANA name such as Europe/Paris or UTC"
+        ) from None
 
 
 def parse_every(text: str) -> timedelta:

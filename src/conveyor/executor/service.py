@@ -19,8 +19,8 @@ from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
-from conveyor.executor.schedules import Firer
 from conveyor.executor.scheduler import Scheduler
+from conveyor.executor.schedules import Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.queries import Q
