@@ -14,6 +14,7 @@ from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
 from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, workflows
+from conveyor.api.routes import schedules as schedule_routes
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     v1.include_router(dead_letters.router)
     v1.include_router(policies.router)
     v1.include_router(inquiries.router)
+    v1.include_router(schedule_routes.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)
