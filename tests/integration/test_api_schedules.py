@@ -86,10 +86,13 @@ async def test_viewers_cannot_change(api: Api) -> None:
 TEXT = st.one_of(st.none(), st.text(max_size=40), st.integers(-10, 10**6), st.floats(allow_nan=True))
 
 
+PARAMS = st.one_of(TEXT, st.dictionaries(st.text(max_size=5), TEXT))
+FIELDS = {"cron": TEXT, "every": TEXT, "at": TEXT, "timezone": TEXT, "catchup_window": TEXT, "starts": TEXT,
+          "catchup": TEXT, "overlap": TEXT, "parameters": PARAMS}  # fmt: skip
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.fixed_dictionaries({"name": st.text(max_size=20)}, optional={
-    "cron": TEXT, "every": TEXT, "at": TEXT, "timezone": TEXT, "catchup_window": TEXT, "starts": TEXT,
-    "catchup": TEXT, "overlap": TEXT, "parameters": st.one_of(TEXT, st.dictionaries(st.text(max_size=5), TEXT))}))  # fmt: skip
+@given(body=st.fixed_dictionaries({"name": st.text(max_size=20)}, optional=FIELDS))
 async def test_fuzzed_bodies_never_500(api: Api, body: dict[str, Any]) -> None:
     response = await api.post(BASE, json=body)
     assert response.status_code in (201, 409, 422), (body, response.status_code, response.text)
