@@ -16,6 +16,7 @@ from conveyor.cli import (
     inquiries,
     policies,
     run,
+    schedules,
     services,
     tokens,
     workers,
@@ -57,6 +58,7 @@ app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(workflows.app, name="workflows")
 app.add_typer(inquiries.app, name="inquiries")
+app.add_typer(schedules.app, name="schedules")
 
 
 def _user_facing(exc: BaseException) -> str | None:
