@@ -20,12 +20,17 @@ def test_create_list_get_pause_resume_fire_backfill_delete(cli: Cli) -> None:  #
     code, out, _ = cli("schedules", "list", "--json")
     rows = json.loads(out)
     assert [r["name"] for r in rows] == ["nightly", "tick"]
-    assert rows[0]["trigger"] == "nightly" and rows[1]["parameters"] == {"message": "hi"}
+    assert rows[0]["trigger"] == "nightly"
+    assert rows[1]["parameters"] == {"message": "hi"}
     assert cli("schedules", "fire", "tick")[1].startswith("schedule tick fired: requested execution")
     code, out, _ = cli("schedules", "get", "tick")
-    assert code == 0 and "recent slots" in out and "manual" in out and "next:" in out
+    assert code == 0
+    assert "recent slots" in out
+    assert "manual" in out
+    assert "next:" in out
     got = json.loads(cli("schedules", "get", "tick", "--json", "--next", "3")[1])
-    assert len(got["next_fire_times"]) == 3 and got["slots"][0]["execution"]
+    assert len(got["next_fire_times"]) == 3
+    assert got["slots"][0]["execution"]
     assert cli("schedules", "pause", "tick")[1].strip() == "schedule tick paused"
     assert cli("schedules", "resume", "tick")[1].strip() == "schedule tick resumed"
     since = got["created"]
@@ -54,7 +59,9 @@ def _plus(iso: str, seconds: int) -> str:
 def test_bad_input_is_one_line(cli: Cli, args: list[str], words: str) -> None:  # noqa: F811
     code, _, err = cli("schedules", "create", "bad", *args)
     assert code == 1
-    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert words in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
 
 
 def test_unknown_schedule(cli: Cli) -> None:  # noqa: F811
