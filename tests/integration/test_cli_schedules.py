@@ -67,4 +67,5 @@ def test_bad_input_is_one_line(cli: Cli, args: list[str], words: str) -> None:  
 def test_unknown_schedule(cli: Cli) -> None:  # noqa: F811
     for verb in ("get", "pause", "resume", "fire", "delete"):
         code, _, err = cli("schedules", verb, "ghost")
-        assert code == 1 and "no schedule 'ghost'" in err, (verb, err)
+        assert code == 1, verb
+        assert "no schedule 'ghost'" in err, (verb, err)
