@@ -1,7 +1,7 @@
 """The executor's schedule loop (issue #13): it sleeps until the earliest next fire time
 (database clock), so slots fire within milliseconds of their time even with a long
 schedules.poll_interval; a schedule created while it sleeps wakes it (Topic.SCHEDULE);
-a buffered slot fires when the run it waited for ends (Topic.COMPLETED)."""
+a buffered slot fires soon after the run it waited for ends."""
 
 from __future__ import annotations
 

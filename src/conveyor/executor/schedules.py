@@ -33,6 +33,10 @@ log = structlog.get_logger(__name__)
 # try again this soon rather than spin: the holder commits in milliseconds, and a killed
 # holder's transaction is rolled back as soon as its connection drops.
 RETRY_LOCKED = 0.02
+# While a buffered slot waits (buffer_one), how often to look whether the run it waits
+# for has ended: a fraction of a second, and only then -- cheaper than hearing every
+# completion of the installation on every executor.
+BUFFERED_POLL = 0.25
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Firer:
     def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int) -> None:
         self._pool = pool
         self._batch = batch_size
+        self.waiting = 0  # buffered slots still waiting after the last release_buffered
 
     async def run_pass(self) -> PassResult:
         written: list[dict[str, Any]] = []
@@ -77,6 +82,7 @@ class Firer:
             for row in waiting:
                 rows = await (await conn.execute(Q["release_buffered_slot"], {"id": row["id"]})).fetchall()
                 released.extend({**r, "name": row["name"]} for r in rows)
+        self.waiting = len(waiting) - len(released)
         for r in released:
             SCHEDULE_SLOTS.labels(r["outcome"]).inc()
             log.info("buffered schedule slot fired", schedule=r["name"], slot=r["slot"].isoformat(),

@@ -20,7 +20,7 @@ from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
-from conveyor.executor.schedules import Firer
+from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.queries import Q
@@ -64,11 +64,9 @@ class ExecutorService:
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
-        # Schedules: a change may bring the next slot sooner; a completion may free a
-        # buffered slot (buffer_one).
+        # Schedules: a change may bring the next slot sooner.
         self._firer = Firer(pool, batch_size=settings.schedules.batch_size)
         self._schedule_bell = transport.subscribe(Topic.SCHEDULE)
-        transport.subscribe(Topic.COMPLETED, bell=self._schedule_bell)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
@@ -196,6 +194,8 @@ class ExecutorService:
                 result = await asyncio.shield(self._firer.run_pass())
                 await asyncio.shield(self._firer.release_buffered())
                 wait = 0.0 if result.full else await self._firer.until_next(poll)
+                if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
+                    wait = min(wait, BUFFERED_POLL)
             except psycopg.OperationalError as exc:
                 log.warning("schedule pass failed; database unreachable", error=str(exc).strip())
                 await _sleep_or_stop(stop, poll)
@@ -207,7 +207,6 @@ class ExecutorService:
             self._duty_succeeded("schedules")
             if wait > 0:
                 await self._schedule_bell.wait(wait)
-            self._schedule_bell.take_payloads()  # completions' ids: not needed, not kept
 
     async def _workflow_timeouts(self) -> int:
         """Task and workflow deadlines passed become 'timeout' events."""
