@@ -16,6 +16,7 @@ schedule decided), ``schedules.after_commit`` (committed; metrics not yet counte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -57,6 +58,8 @@ class Firer:
         more = False
         async with self._pool.connection() as conn, conn.transaction():
             due = await (await conn.execute(Q["pick_due_schedules"], {"limit": self._batch})).fetchall()
+            names = {row["id"]: row["name"] for row in due}
+            batch: list[dict[str, Any]] = []
             for row in due:
                 try:
                     decided = _decide(row)
@@ -64,9 +67,11 @@ class Firer:
                     log.error("schedule cannot be fired; paused", schedule=row["name"], error=str(exc))
                     await conn.execute("SELECT pause_schedule(%s)", (row["name"],))
                     continue
-                rows = await (await conn.execute(Q["fire_schedule_slots"], decided)).fetchall()
-                written.extend({**r, "name": row["name"]} for r in rows)
-                more = more or (decided["next_fire"] is not None and decided["next_fire"] <= row["now"])
+                batch.append(decided)
+                more = more or plan_due(decided, row["now"])
+            if batch:
+                rows = await (await conn.execute(Q["fire_schedules"], {"batch": Jsonb(batch)})).fetchall()
+                written.extend({**r, "name": names.get(r["schedule"], "?")} for r in rows)
                 if rows:
                     failpoints.reach("schedules.after_slot_row")
             failpoints.reach("schedules.before_commit")
@@ -109,8 +114,12 @@ def _decide(row: dict[str, Any]) -> dict[str, Any]:
     plan = sch.plan(spec, after, row["now"], running=row["running"], buffered=bool(row["buffered"]),
                     emits=row["action_ref"] is None, last_slot=row["last_slot"])  # fmt: skip
     decisions = [{"slot": d.slot.isoformat(), "origin": d.origin, "action": d.action} for d in plan.decisions]
-    return {"id": row["id"], "decisions": Jsonb(decisions), "cancel": plan.cancel, "next_fire": plan.next_fire,
-            "last_slot": plan.last_slot}  # fmt: skip
+    return {"id": row["id"], "decisions": decisions, "cancel": plan.cancel, "next_fire": _iso(plan.next_fire),
+            "last_slot": _iso(plan.last_slot)}  # fmt: skip
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
 
 
 def _count(written: list[dict[str, Any]]) -> None:
@@ -123,3 +132,8 @@ def _count(written: list[dict[str, Any]]) -> None:
             SCHEDULE_LAG.observe(max(0.0, (r["fired"] - r["slot"]).total_seconds()))
         log.info("schedule slot fired", schedule=r["name"], slot=r["slot"].isoformat(), origin=r["origin"],
                  outcome=r["outcome"], execution_id=r["execution"], event_id=r["event"], error=r["error"])  # fmt: skip
+
+
+def plan_due(decided: dict[str, Any], now: datetime) -> bool:
+    """The schedule is still due after this pass (it had more slots than one pass decides)."""
+    return decided["next_fire"] is not None and datetime.fromisoformat(decided["next_fire"]) <= now

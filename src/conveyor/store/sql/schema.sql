@@ -842,6 +842,21 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.fire_schedules(batch jsonb) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    b jsonb;
+BEGIN
+    FOR b IN SELECT value FROM jsonb_array_elements(coalesce(batch, '[]')) LOOP
+        RETURN QUERY SELECT * FROM fire_schedule_slots((b ->> 'id')::bigint, b -> 'decisions', (b ->> 'cancel')::bigint,
+                                                       (b ->> 'next_fire')::timestamptz,
+                                                       (b ->> 'last_slot')::timestamptz);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION conveyor.hand_back_scheduled(p_worker bigint) RETURNS TABLE(id bigint, worker bigint, attempt integer, worker_name text)
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -1419,9 +1434,12 @@ DECLARE
     made schedule_slot;
     fired record;
 BEGIN
-    INSERT INTO schedule_slot AS ss (schedule, slot, origin, outcome)
+    -- fired: the clock now, not the transaction's start -- a pass deciding many schedules
+    -- reports each slot's true lag.
+    INSERT INTO schedule_slot AS ss (schedule, slot, origin, outcome, fired)
     VALUES (s.id, slot, origin, CASE decision WHEN 'skip' THEN 'skipped' WHEN 'miss' THEN 'missed'
-                                              WHEN 'buffer' THEN 'buffered' ELSE 'requested' END)
+                                              WHEN 'buffer' THEN 'buffered' ELSE 'requested' END,
+            greatest(clock_timestamp(), now()))
     ON CONFLICT ON CONSTRAINT schedule_slot_pkey DO NOTHING
     RETURNING * INTO made;
     IF NOT FOUND THEN

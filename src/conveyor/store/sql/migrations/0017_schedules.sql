@@ -187,9 +187,12 @@ DECLARE
     made schedule_slot;
     fired record;
 BEGIN
-    INSERT INTO schedule_slot AS ss (schedule, slot, origin, outcome)
+    -- fired: the clock now, not the transaction's start -- a pass deciding many schedules
+    -- reports each slot's true lag.
+    INSERT INTO schedule_slot AS ss (schedule, slot, origin, outcome, fired)
     VALUES (s.id, slot, origin, CASE decision WHEN 'skip' THEN 'skipped' WHEN 'miss' THEN 'missed'
-                                              WHEN 'buffer' THEN 'buffered' ELSE 'requested' END)
+                                              WHEN 'buffer' THEN 'buffered' ELSE 'requested' END,
+            greatest(clock_timestamp(), now()))
     ON CONFLICT ON CONSTRAINT schedule_slot_pkey DO NOTHING
     RETURNING * INTO made;
     IF NOT FOUND THEN
@@ -233,6 +236,21 @@ BEGIN
     UPDATE schedule x SET next_fire = fire_schedule_slots.next_fire,
                           last_slot = coalesce(fire_schedule_slots.last_slot, x.last_slot)
     WHERE x.id = s.id;
+END
+$$;
+
+-- A whole pass in one statement (one round trip however many schedules are due): each
+-- element {id, decisions, cancel, next_fire, last_slot} as fire_schedule_slots takes it.
+CREATE FUNCTION fire_schedules(batch jsonb) RETURNS SETOF schedule_slot
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    b jsonb;
+BEGIN
+    FOR b IN SELECT value FROM jsonb_array_elements(coalesce(batch, '[]')) LOOP
+        RETURN QUERY SELECT * FROM fire_schedule_slots((b ->> 'id')::bigint, b -> 'decisions', (b ->> 'cancel')::bigint,
+                                                       (b ->> 'next_fire')::timestamptz,
+                                                       (b ->> 'last_slot')::timestamptz);
+    END LOOP;
 END
 $$;
 

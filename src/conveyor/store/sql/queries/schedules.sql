@@ -15,9 +15,10 @@ ORDER BY s.next_fire
 LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED;
 
--- name: fire_schedule_slots
--- Apply one schedule's decision (conveyor.domain.schedules.plan): the slot rows written.
-SELECT * FROM fire_schedule_slots(%(id)s, %(decisions)s, %(cancel)s, %(next_fire)s, %(last_slot)s);
+-- name: fire_schedules
+-- Apply the decisions of a pass (conveyor.domain.schedules.plan), every due schedule in
+-- one statement: the slot rows written.
+SELECT * FROM fire_schedules(%(batch)s);
 
 -- name: buffered_schedules
 -- Schedules with a slot waiting for the previous run (buffer_one), not held by another
