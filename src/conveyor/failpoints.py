@@ -17,6 +17,9 @@ transaction that applies a workflow's events unless said otherwise:
 ``workflow.before_commit`` (everything applied, events deleted, not committed),
 ``workflow.after_commit`` (committed: the children's wake-ups are out, this executor has
 not acted on anything since).
+Schedule firing (executor/schedules.py): ``schedules.after_slot_row`` (a pass's slot rows
+written and their executions requested, not committed), ``schedules.before_commit``,
+``schedules.after_commit``.
 
 Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
 while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.
