@@ -1460,6 +1460,7 @@ $$;
 
 CREATE FUNCTION conveyor.schedule_not_found(name text) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
     AS $$
 BEGIN
     RAISE EXCEPTION 'no schedule %', quote_literal(name)

@@ -31,7 +31,7 @@ CREATE TRIGGER schedule_wake_created AFTER INSERT ON schedule
     FOR EACH STATEMENT EXECUTE FUNCTION schedule_wake();
 
 CREATE FUNCTION schedule_not_found(name text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     RAISE EXCEPTION 'no schedule %', quote_literal(name)
         USING ERRCODE = 'CVN06', HINT = 'see conveyor schedules list';
