@@ -21,6 +21,9 @@ unless said otherwise: ``events.after_claim`` (pending events locked and read, n
 written), ``events.after_enforcement`` (enforce_events returned: enforcements written,
 executions requested, pending rows deleted), ``events.before_commit``, ``events.after_commit``
 (committed, metrics not yet counted).
+Schedule firing (executor/schedules.py): ``schedules.after_slot_row`` (a pass's slot rows
+written and their executions requested, not committed), ``schedules.before_commit``,
+``schedules.after_commit``.
 
 Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
 while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.

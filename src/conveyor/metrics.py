@@ -121,3 +121,18 @@ ENFORCEMENTS = Counter(
     "Enforcements written by this process, by outcome (requested, template_error, request_error, rule_disabled)",
     ["outcome"],
 )
+# -- schedules (issue #13) ----------------------------------------------------------
+
+SCHEDULE_LAG = Histogram(
+    "conveyor_schedule_lag_seconds",
+    "How late a schedule slot fired: fired - slot (database clock), slots fired by this executor",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+)
+SCHEDULE_SLOTS = Counter(
+    "conveyor_schedule_slots_total",
+    "Schedule slots decided by this executor, by outcome (requested, emitted, skipped, missed, buffered, "
+    "request_error); outcome=missed counts the slots lost to an outage beyond the catch-up policy",
+    ["outcome"],
+)
+for _outcome in ("requested", "emitted", "skipped", "missed", "buffered", "request_error"):
+    SCHEDULE_SLOTS.labels(_outcome)

@@ -29,6 +29,7 @@ from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.sdk_rules import RuleMethods
+from conveyor.sdk_schedules import ScheduleMethods
 from conveyor.sdk_workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
@@ -120,7 +121,7 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client(WorkflowMethods, RuleMethods):
+class Client(WorkflowMethods, RuleMethods, ScheduleMethods):
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need

@@ -52,6 +52,8 @@ INVALID_PAYLOAD = "CVE02"  # emit_event: the payload fails the trigger's schema
 EVENT_KEY_REUSED = "CVE03"  # emit_event: an idempotency key repeated with another payload
 IN_USE = "CVC05"  # register_trigger (type changed), delete_trigger (still used), events are immutable
 NO_EVENT = "CVN05"  # replay_event: no such event
+NO_SCHEDULE = "CVN06"  # fire_schedule, backfill_schedule: no such schedule
+SCHEDULE_EXISTS = "CVC06"  # create_schedule without replace: the name is taken
 
 # admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
 _TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
@@ -71,12 +73,12 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
         return policy_not_found(target)
     if exc.sqlstate in (POLICY_FROM_DEFINITION, NOT_A_WORKFLOW_ACTION, NOTHING_TO_RERUN):
         return ConflictError(message)
-    if exc.sqlstate in (NOT_A_WORKFLOW, UNKNOWN_TRIGGER, NO_EVENT):
+    if exc.sqlstate in (NOT_A_WORKFLOW, UNKNOWN_TRIGGER, NO_EVENT, NO_SCHEDULE):
         return NotFoundError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     if exc.sqlstate == INVALID_PAYLOAD:
         trigger, _, problems = message.removeprefix("invalid payload for trigger ").partition(": ")
         return InvalidPayloadError(trigger, problems.split("; "))
-    if exc.sqlstate in (EVENT_KEY_REUSED, IN_USE):
+    if exc.sqlstate in (EVENT_KEY_REUSED, IN_USE, SCHEDULE_EXISTS):
         return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     return exc
 

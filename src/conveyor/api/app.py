@@ -24,6 +24,7 @@ from conveyor.api.routes import (
     webhooks,
     workflows,
 )
+from conveyor.api.routes import schedules as schedule_routes
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -58,6 +59,7 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     # decides (routes/webhooks.py). Its administration needs tokens, as every other route.
     v1.include_router(webhooks.router)
     v1.include_router(rules.router)
+    v1.include_router(schedule_routes.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

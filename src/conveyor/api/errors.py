@@ -25,6 +25,7 @@ from conveyor.domain.errors import (
     NotFoundError,
     UnknownActionError,
 )
+from conveyor.domain.schedules import InvalidScheduleError
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +75,7 @@ def install(app: FastAPI) -> None:
             return error(422, str(exc), problems=[{"field": f, "message": m} for f, m in exc.problems])
         if isinstance(exc, InvalidPayloadError):
             return error(422, str(exc), problems=[{"field": "payload", "message": m} for m in exc.problems])
-        if isinstance(exc, UnknownActionError | InvalidParametersError):
+        if isinstance(exc, UnknownActionError | InvalidParametersError | InvalidScheduleError):
             return error(422, str(exc))
         return error(400, str(exc))
 

@@ -17,6 +17,7 @@ from conveyor.cli import (
     policies,
     rules,
     run,
+    schedules,
     services,
     tokens,
     webhooks,
@@ -61,6 +62,7 @@ app.add_typer(workflows.app, name="workflows")
 app.add_typer(inquiries.app, name="inquiries")
 app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(rules.app, name="rules")
+app.add_typer(schedules.app, name="schedules")
 
 
 def _user_facing(exc: BaseException) -> str | None:

@@ -21,6 +21,7 @@ from conveyor.executor.duties import DutyLocks
 from conveyor.executor.events import Enforcer
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
+from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.queries import Q
@@ -66,6 +67,9 @@ class ExecutorService:
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
         self._enforcer = Enforcer(pool, batch_size=settings.events.batch_size)
         self._event_bell = transport.subscribe(Topic.EVENT)
+        # Schedules: a change may bring the next slot sooner.
+        self._firer = Firer(pool, batch_size=settings.schedules.batch_size)
+        self._schedule_bell = transport.subscribe(Topic.SCHEDULE)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
@@ -108,6 +112,8 @@ class ExecutorService:
             tg.create_task(self._workflow_loop(stop), name="executor-workflows")
             tg.create_task(_ring_on(stop, self._event_bell), name="executor-stop-event-bell")
             tg.create_task(self._event_loop(stop), name="executor-events")
+            tg.create_task(_ring_on(stop, self._schedule_bell), name="executor-stop-schedule-bell")
+            tg.create_task(self._slots_loop(stop), name="executor-schedules")
             tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
                            name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
@@ -203,6 +209,30 @@ class ExecutorService:
             if result.events >= cfg.batch_size:
                 continue  # a full batch: there may be more waiting
             await self._event_bell.wait(cfg.poll_interval)
+
+    async def _slots_loop(self, stop: asyncio.Event) -> None:
+        """Fire due schedule slots (executor/schedules.py), then sleep exactly until the
+        earliest next fire time (database clock), capped by schedules.poll_interval."""
+        poll = self.settings.schedules.poll_interval
+        while not stop.is_set():
+            try:
+                # Shielded: a pass commits or rolls back whole; this lets it finish.
+                result = await asyncio.shield(self._firer.run_pass())
+                await asyncio.shield(self._firer.release_buffered())
+                wait = 0.0 if result.full else await self._firer.until_next(poll)
+                if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
+                    wait = min(wait, BUFFERED_POLL)
+            except psycopg.OperationalError as exc:
+                log.warning("schedule pass failed; database unreachable", error=str(exc).strip())
+                await _sleep_or_stop(stop, poll)
+                continue
+            except Exception:  # a bug must not stop the loop
+                self._duty_failed("schedules")
+                await _sleep_or_stop(stop, poll)
+                continue
+            self._duty_succeeded("schedules")
+            if wait > 0:
+                await self._schedule_bell.wait(wait)
 
     async def _workflow_timeouts(self) -> int:
         """Task and workflow deadlines passed become 'timeout' events."""

@@ -278,6 +278,37 @@ BEGIN
 END
 $$;
 
+CREATE TABLE conveyor.schedule_slot (
+    schedule bigint NOT NULL,
+    slot timestamp with time zone NOT NULL,
+    origin text DEFAULT 'scheduled'::text NOT NULL,
+    outcome text NOT NULL,
+    execution bigint,
+    event bigint,
+    error text,
+    fired timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_slot_origin_check CHECK ((origin = ANY (ARRAY['scheduled'::text, 'catchup'::text, 'manual'::text, 'backfill'::text]))),
+    CONSTRAINT schedule_slot_outcome_check CHECK ((outcome = ANY (ARRAY['requested'::text, 'emitted'::text, 'skipped'::text, 'missed'::text, 'buffered'::text, 'request_error'::text])))
+);
+
+CREATE FUNCTION conveyor.backfill_schedule(name text, slots timestamp with time zone[]) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    s schedule;
+    t timestamptz;
+BEGIN
+    SELECT * INTO s FROM schedule x WHERE x.name = backfill_schedule.name;
+    IF NOT FOUND THEN
+        PERFORM schedule_not_found(name);
+    END IF;
+    FOR t IN SELECT DISTINCT u FROM unnest(slots) u WHERE u IS NOT NULL ORDER BY u LOOP
+        RETURN QUERY SELECT * FROM schedule_fire_slot(s, t, 'backfill', 'fire');
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION conveyor.cancel_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text, worker bigint)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -372,6 +403,59 @@ CREATE FUNCTION conveyor.cordon_worker(p_name text, p_cordoned boolean) RETURNS 
     RETURNING w.id, w.name, w.status, w.cordoned
 $$;
 
+CREATE FUNCTION conveyor.create_schedule(name text, kind text, cron text DEFAULT NULL::text, timezone text DEFAULT 'UTC'::text, every interval DEFAULT NULL::interval, at timestamp with time zone DEFAULT NULL::timestamp with time zone, starts timestamp with time zone DEFAULT NULL::timestamp with time zone, ends timestamp with time zone DEFAULT NULL::timestamp with time zone, action_ref text DEFAULT NULL::text, parameters jsonb DEFAULT '{}'::jsonb, catchup text DEFAULT 'latest'::text, catchup_window interval DEFAULT '01:00:00'::interval, overlap text DEFAULT 'allow'::text, description text DEFAULT NULL::text, replace boolean DEFAULT false, OUT schedule_id bigint, OUT created boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    params jsonb := coalesce(parameters, '{}');
+    action_schema jsonb;
+    problems text[];
+    trigger_type text;
+    events_on text;
+BEGIN
+    IF NOT replace AND EXISTS (SELECT 1 FROM schedule s WHERE s.name = create_schedule.name) THEN
+        RAISE EXCEPTION 'schedule % exists already', quote_literal(name)
+            USING ERRCODE = 'CVC06', HINT = 'update it (PUT/PATCH), or delete it first';
+    END IF;
+    IF action_ref IS NOT NULL THEN
+        SELECT a.parameters_schema INTO action_schema FROM action a WHERE a.ref = action_ref;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'unknown action %', quote_literal(action_ref)
+                USING ERRCODE = 'CVA01', HINT = 'no worker has registered this action';
+        END IF;
+        problems := validate_parameters(action_schema, params);
+        IF cardinality(problems) > 0 THEN
+            RAISE EXCEPTION 'invalid parameters for %: %', action_ref, array_to_string(problems, '; ')
+                USING ERRCODE = 'CVA02';
+        END IF;
+    ELSE
+        events_on := name;
+        SELECT t.type INTO trigger_type FROM trigger t WHERE t.name = events_on;
+        IF NOT FOUND THEN
+            PERFORM register_trigger(events_on, kind, NULL, 'events of schedule ' || name);
+        ELSIF trigger_type <> kind THEN
+            RAISE EXCEPTION 'trigger % is a % trigger: a % schedule without an action emits on a % trigger of its name',
+                quote_literal(events_on), trigger_type, kind, kind
+                USING ERRCODE = 'CVC05', HINT = 'give the schedule an action, or another name';
+        END IF;
+    END IF;
+    INSERT INTO schedule AS s (name, kind, cron, timezone, every, at, starts, ends, action_ref, parameters,
+                               trigger, catchup, catchup_window, overlap, description, next_fire)
+    VALUES (name, kind, cron, coalesce(timezone, 'UTC'), every, at, starts, ends, action_ref, params,
+            events_on, coalesce(catchup, 'latest'), coalesce(catchup_window, '1 hour'),
+            coalesce(overlap, 'allow'), description, now())
+    ON CONFLICT ON CONSTRAINT schedule_name_key DO UPDATE
+        SET kind = excluded.kind, cron = excluded.cron, timezone = excluded.timezone, every = excluded.every,
+            at = excluded.at, starts = excluded.starts, ends = excluded.ends, action_ref = excluded.action_ref,
+            parameters = excluded.parameters, trigger = coalesce(excluded.trigger, s.trigger),
+            catchup = excluded.catchup, catchup_window = excluded.catchup_window, overlap = excluded.overlap,
+            description = excluded.description, next_fire = now(), updated = now()
+    RETURNING s.id, (s.xmax = 0) INTO schedule_id, created;
+END
+$$;
+
 CREATE FUNCTION conveyor.current_server_epoch() RETURNS timestamp with time zone
     LANGUAGE sql STABLE
     SET search_path TO 'conveyor'
@@ -418,6 +502,17 @@ CREATE FUNCTION conveyor.delete_rule(ref text) RETURNS boolean
     AS $$
 BEGIN
     DELETE FROM rule r WHERE r.ref = delete_rule.ref;
+    RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION conveyor.delete_schedule(name text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    -- Its slots go with it (ON DELETE CASCADE); the executions and events they made stay.
+    DELETE FROM schedule s WHERE s.name = delete_schedule.name;
     RETURN FOUND;
 END
 $$;
@@ -791,6 +886,60 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.fire_schedule(name text) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    s schedule;
+BEGIN
+    SELECT * INTO s FROM schedule x WHERE x.name = fire_schedule.name;
+    IF NOT FOUND THEN
+        PERFORM schedule_not_found(name);
+    END IF;
+    RETURN QUERY SELECT * FROM schedule_fire_slot(s, now(), 'manual', 'fire');
+END
+$$;
+
+CREATE FUNCTION conveyor.fire_schedule_slots(schedule_id bigint, decisions jsonb, cancel bigint, next_fire timestamp with time zone, last_slot timestamp with time zone) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    s schedule;
+    d jsonb;
+BEGIN
+    SELECT * INTO s FROM schedule x WHERE x.id = fire_schedule_slots.schedule_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;  -- deleted since it was picked
+    END IF;
+    IF cancel IS NOT NULL THEN
+        PERFORM cancel_execution(cancel, 'schedule:' || s.name);
+    END IF;
+    FOR d IN SELECT value FROM jsonb_array_elements(coalesce(decisions, '[]')) LOOP
+        RETURN QUERY SELECT * FROM schedule_fire_slot(s, (d ->> 'slot')::timestamptz, d ->> 'origin', d ->> 'action');
+    END LOOP;
+    UPDATE schedule x SET next_fire = fire_schedule_slots.next_fire,
+                          last_slot = coalesce(fire_schedule_slots.last_slot, x.last_slot)
+    WHERE x.id = s.id;
+END
+$$;
+
+CREATE FUNCTION conveyor.fire_schedules(batch jsonb) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    b jsonb;
+BEGIN
+    FOR b IN SELECT value FROM jsonb_array_elements(coalesce(batch, '[]')) LOOP
+        RETURN QUERY SELECT * FROM fire_schedule_slots((b ->> 'id')::bigint, b -> 'decisions', (b ->> 'cancel')::bigint,
+                                                       (b ->> 'next_fire')::timestamptz,
+                                                       (b ->> 'last_slot')::timestamptz);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION conveyor.hand_back_scheduled(p_worker bigint) RETURNS TABLE(id bigint, worker bigint, attempt integer, worker_name text)
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -876,6 +1025,19 @@ BEGIN
     INSERT INTO workflow_event (workflow_execution, kind, payload)
     VALUES (wf_id, 'pause', jsonb_build_object('by', p_by));
     RETURN QUERY SELECT p_id, current, 'paused'::text;
+END
+$$;
+
+CREATE FUNCTION conveyor.pause_schedule(name text) RETURNS TABLE(schedule_id bigint, was boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH old AS (SELECT s.id, s.paused FROM schedule s WHERE s.name = pause_schedule.name FOR UPDATE),
+    moved AS (UPDATE schedule s SET paused = true, updated = now() FROM old
+              WHERE s.id = old.id AND NOT old.paused RETURNING s.id)
+    SELECT old.id, old.paused FROM old;
 END
 $$;
 
@@ -1046,6 +1208,33 @@ BEGIN
     INSERT INTO workflow_definition (ref, version, definition, source, description)
     VALUES (p_ref, v, p_definition, coalesce(p_source, ''), coalesce(p_description, ''));
     RETURN v;
+END
+$$;
+
+CREATE FUNCTION conveyor.release_buffered_slot(schedule_id bigint) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    s schedule;
+    waiting timestamptz;
+    fired record;
+BEGIN
+    SELECT * INTO s FROM schedule x WHERE x.id = release_buffered_slot.schedule_id FOR UPDATE;
+    IF NOT FOUND OR schedule_running(s.id) IS NOT NULL THEN
+        RETURN;
+    END IF;
+    SELECT ss.slot INTO waiting FROM schedule_slot ss WHERE ss.schedule = s.id AND ss.outcome = 'buffered'
+    ORDER BY ss.slot LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    fired := schedule_request(s, waiting, 'scheduled');
+    RETURN QUERY
+    UPDATE schedule_slot ss SET outcome = fired.outcome, execution = fired.execution_id, event = fired.event_id,
+                                error = fired.error
+    WHERE ss.schedule = s.id AND ss.slot = waiting AND ss.outcome = 'buffered'
+    RETURNING ss.*;
 END
 $$;
 
@@ -1353,6 +1542,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.resume_schedule(name text) RETURNS TABLE(schedule_id bigint, was boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH old AS (SELECT s.id, s.paused FROM schedule s WHERE s.name = resume_schedule.name FOR UPDATE),
+    moved AS (UPDATE schedule s SET paused = false, next_fire = now(), updated = now() FROM old
+              WHERE s.id = old.id AND old.paused RETURNING s.id)
+    SELECT old.id, old.paused FROM old;
+END
+$$;
+
 CREATE FUNCTION conveyor.root_requester(p_execution bigint) RETURNS text
     LANGUAGE sql STABLE
     SET search_path TO 'conveyor'
@@ -1365,6 +1567,134 @@ CREATE FUNCTION conveyor.root_requester(p_execution bigint) RETURNS text
         WHERE up.depth < 100
     )
     SELECT requested_by FROM up ORDER BY depth DESC LIMIT 1
+$$;
+
+CREATE TABLE conveyor.schedule (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    cron text,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    every interval,
+    at timestamp with time zone,
+    starts timestamp with time zone,
+    ends timestamp with time zone,
+    action_ref text,
+    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
+    trigger text,
+    catchup text DEFAULT 'latest'::text NOT NULL,
+    catchup_window interval DEFAULT '01:00:00'::interval NOT NULL,
+    overlap text DEFAULT 'allow'::text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    next_fire timestamp with time zone,
+    last_slot timestamp with time zone,
+    description text,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_catchup_check CHECK ((catchup = ANY (ARRAY['skip'::text, 'latest'::text, 'all'::text]))),
+    CONSTRAINT schedule_catchup_window_check CHECK ((catchup_window >= '00:00:00'::interval)),
+    CONSTRAINT schedule_check CHECK (((kind = 'cron'::text) = (cron IS NOT NULL))),
+    CONSTRAINT schedule_check1 CHECK (((kind = 'interval'::text) = (every IS NOT NULL))),
+    CONSTRAINT schedule_check2 CHECK (((kind = 'date'::text) = (at IS NOT NULL))),
+    CONSTRAINT schedule_check3 CHECK (((action_ref IS NOT NULL) OR (trigger IS NOT NULL))),
+    CONSTRAINT schedule_cron_check CHECK ((length(cron) <= 255)),
+    CONSTRAINT schedule_every_check CHECK (((every IS NULL) OR (every >= '00:00:01'::interval))),
+    CONSTRAINT schedule_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'date'::text]))),
+    CONSTRAINT schedule_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
+    CONSTRAINT schedule_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'buffer_one'::text, 'cancel_previous'::text]))),
+    CONSTRAINT schedule_parameters_check CHECK ((jsonb_typeof(parameters) = 'object'::text)),
+    CONSTRAINT schedule_timezone_check CHECK ((length(timezone) <= 64))
+);
+
+CREATE FUNCTION conveyor.schedule_fire_slot(s conveyor.schedule, slot timestamp with time zone, origin text, decision text) RETURNS SETOF conveyor.schedule_slot
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    made schedule_slot;
+    fired record;
+BEGIN
+    -- fired: the clock now, not the transaction's start -- a pass deciding many schedules
+    -- reports each slot's true lag.
+    INSERT INTO schedule_slot AS ss (schedule, slot, origin, outcome, fired)
+    VALUES (s.id, slot, origin, CASE decision WHEN 'skip' THEN 'skipped' WHEN 'miss' THEN 'missed'
+                                              WHEN 'buffer' THEN 'buffered' ELSE 'requested' END,
+            greatest(clock_timestamp(), now()))
+    ON CONFLICT ON CONSTRAINT schedule_slot_pkey DO NOTHING
+    RETURNING * INTO made;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF decision = 'fire' THEN
+        fired := schedule_request(s, slot, origin);
+        UPDATE schedule_slot ss SET outcome = fired.outcome, execution = fired.execution_id, event = fired.event_id,
+                                    error = fired.error
+        WHERE ss.schedule = s.id AND ss.slot = schedule_fire_slot.slot
+        RETURNING * INTO made;
+    ELSIF decision NOT IN ('skip', 'miss', 'buffer') THEN
+        RAISE EXCEPTION 'unknown slot decision %', decision;
+    END IF;
+    RETURN NEXT made;
+END
+$$;
+
+CREATE FUNCTION conveyor.schedule_not_found(name text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'no schedule %', quote_literal(name)
+        USING ERRCODE = 'CVN06', HINT = 'see conveyor schedules list';
+END
+$$;
+
+CREATE FUNCTION conveyor.schedule_request(s conveyor.schedule, slot timestamp with time zone, origin text, OUT outcome text, OUT execution_id bigint, OUT event_id bigint, OUT error text) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    before text := coalesce(current_setting('conveyor.requested_by', true), '');
+BEGIN
+    BEGIN
+        IF s.action_ref IS NOT NULL THEN
+            PERFORM set_config('conveyor.requested_by', 'schedule:' || s.name, true);
+            execution_id := request_execution(s.action_ref, s.parameters);
+            PERFORM set_config('conveyor.requested_by', before, true);
+            outcome := 'requested';
+        ELSE
+            event_id := emit_event(s.trigger, jsonb_build_object('schedule', s.name, 'slot', slot, 'origin', origin),
+                                   'schedule');
+            outcome := 'emitted';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'CVA01' OR SQLSTATE 'CVA02' OR SQLSTATE 'CVE01' OR SQLSTATE 'CVE02' THEN
+        outcome := 'request_error';
+        error := SQLERRM;
+        execution_id := NULL;
+        event_id := NULL;
+    END;
+END
+$$;
+
+CREATE FUNCTION conveyor.schedule_running(schedule_id bigint) RETURNS bigint
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT e.id
+    FROM (SELECT ss.execution FROM schedule_slot ss
+          WHERE ss.schedule = schedule_running.schedule_id AND ss.execution IS NOT NULL
+          ORDER BY ss.slot DESC LIMIT 1) l
+    JOIN execution e ON e.id = l.execution
+    WHERE e.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
+$$;
+
+CREATE FUNCTION conveyor.schedule_wake() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    PERFORM wake('schedule');
+    RETURN NULL;
+END
 $$;
 
 CREATE FUNCTION conveyor.set_admission_policy(p_target text, p_concurrency integer, p_parameters text[], p_method text) RETURNS SETOF conveyor.admission_policy
@@ -2040,43 +2370,6 @@ ALTER TABLE conveyor.rule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
-CREATE TABLE conveyor.schedule (
-    id bigint NOT NULL,
-    name text NOT NULL,
-    kind text NOT NULL,
-    cron text,
-    timezone text DEFAULT 'UTC'::text NOT NULL,
-    every interval,
-    at timestamp with time zone,
-    starts timestamp with time zone,
-    ends timestamp with time zone,
-    action_ref text,
-    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
-    trigger text,
-    catchup text DEFAULT 'latest'::text NOT NULL,
-    catchup_window interval DEFAULT '01:00:00'::interval NOT NULL,
-    overlap text DEFAULT 'allow'::text NOT NULL,
-    paused boolean DEFAULT false NOT NULL,
-    next_fire timestamp with time zone,
-    last_slot timestamp with time zone,
-    description text,
-    created timestamp with time zone DEFAULT now() NOT NULL,
-    updated timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT schedule_catchup_check CHECK ((catchup = ANY (ARRAY['skip'::text, 'latest'::text, 'all'::text]))),
-    CONSTRAINT schedule_catchup_window_check CHECK ((catchup_window >= '00:00:00'::interval)),
-    CONSTRAINT schedule_check CHECK (((kind = 'cron'::text) = (cron IS NOT NULL))),
-    CONSTRAINT schedule_check1 CHECK (((kind = 'interval'::text) = (every IS NOT NULL))),
-    CONSTRAINT schedule_check2 CHECK (((kind = 'date'::text) = (at IS NOT NULL))),
-    CONSTRAINT schedule_check3 CHECK (((action_ref IS NOT NULL) OR (trigger IS NOT NULL))),
-    CONSTRAINT schedule_cron_check CHECK ((length(cron) <= 255)),
-    CONSTRAINT schedule_every_check CHECK (((every IS NULL) OR (every >= '00:00:01'::interval))),
-    CONSTRAINT schedule_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'date'::text]))),
-    CONSTRAINT schedule_name_check CHECK (((length(name) <= 255) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$'::text))),
-    CONSTRAINT schedule_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'buffer_one'::text, 'cancel_previous'::text]))),
-    CONSTRAINT schedule_parameters_check CHECK ((jsonb_typeof(parameters) = 'object'::text)),
-    CONSTRAINT schedule_timezone_check CHECK ((length(timezone) <= 64))
-);
-
 ALTER TABLE conveyor.schedule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME conveyor.schedule_id_seq
     START WITH 1
@@ -2084,19 +2377,6 @@ ALTER TABLE conveyor.schedule ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-CREATE TABLE conveyor.schedule_slot (
-    schedule bigint NOT NULL,
-    slot timestamp with time zone NOT NULL,
-    origin text DEFAULT 'scheduled'::text NOT NULL,
-    outcome text NOT NULL,
-    execution bigint,
-    event bigint,
-    error text,
-    fired timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT schedule_slot_origin_check CHECK ((origin = ANY (ARRAY['scheduled'::text, 'catchup'::text, 'manual'::text, 'backfill'::text]))),
-    CONSTRAINT schedule_slot_outcome_check CHECK ((outcome = ANY (ARRAY['requested'::text, 'emitted'::text, 'skipped'::text, 'missed'::text, 'buffered'::text, 'request_error'::text])))
 );
 
 CREATE TABLE conveyor.schema_migration (
@@ -2545,6 +2825,10 @@ CREATE TRIGGER execution_wake_inserted AFTER INSERT ON conveyor.execution REFERE
 CREATE TRIGGER inquiry_wake_inserted AFTER INSERT ON conveyor.inquiry REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION conveyor.inquiry_wake_inserted();
 
 CREATE TRIGGER outbox_wake AFTER INSERT ON conveyor.outbox FOR EACH STATEMENT EXECUTE FUNCTION conveyor.outbox_wake();
+
+CREATE TRIGGER schedule_wake_changed AFTER UPDATE ON conveyor.schedule FOR EACH ROW WHEN ((old.updated IS DISTINCT FROM new.updated)) EXECUTE FUNCTION conveyor.schedule_wake();
+
+CREATE TRIGGER schedule_wake_created AFTER INSERT ON conveyor.schedule FOR EACH STATEMENT EXECUTE FUNCTION conveyor.schedule_wake();
 
 CREATE TRIGGER worker_touch BEFORE UPDATE ON conveyor.worker FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
 
