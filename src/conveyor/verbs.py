@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import jsonschema
@@ -23,6 +24,7 @@ import psycopg
 
 from conveyor.actions.registry import AdmissionPolicy
 from conveyor.domain import inquiries as inq
+from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
@@ -104,6 +106,15 @@ def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], para
         raise InvalidParametersError(
             action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
         )
+
+
+def check_window(since: datetime, until: datetime | None) -> None:
+    """A replay window: timezone-aware times, ``since`` before ``until``."""
+    for what, when in (("since", since), ("until", until)):
+        if when is not None:
+            check_aware(when, what)
+    if until is not None and until <= since:
+        raise DelayError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})")
 
 
 # -- cancel -----------------------------------------------------------------------------

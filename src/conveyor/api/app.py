@@ -14,6 +14,8 @@ from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
 from conveyor.api.routes import dead_letters, executions, health, inquiries, policies, resources, workflows
+from conveyor.api.routes import events as event_routes
+from conveyor.api.routes import triggers as trigger_routes
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -43,6 +45,9 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     v1.include_router(dead_letters.router)
     v1.include_router(policies.router)
     v1.include_router(inquiries.router)
+    v1.include_router(trigger_routes.router)  # issue #13: triggers, events, enforcements
+    v1.include_router(event_routes.router)
+    v1.include_router(event_routes.enforcements)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

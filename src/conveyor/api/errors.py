@@ -20,6 +20,7 @@ from conveyor.domain.errors import (
     InvalidAnswerError,
     InvalidParametersError,
     InvalidPayloadError,
+    InvalidTriggerError,
     InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
@@ -73,7 +74,7 @@ def install(app: FastAPI) -> None:
             return error(422, str(exc), problems=[{"field": f, "message": m} for f, m in exc.problems])
         if isinstance(exc, InvalidPayloadError):
             return error(422, str(exc), problems=[{"field": "payload", "message": m} for m in exc.problems])
-        if isinstance(exc, UnknownActionError | InvalidParametersError):
+        if isinstance(exc, UnknownActionError | InvalidParametersError | InvalidTriggerError):
             return error(422, str(exc))
         return error(400, str(exc))
 

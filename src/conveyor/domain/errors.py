@@ -81,3 +81,8 @@ class InvalidPayloadError(ConveyorError):
         super().__init__(f"invalid payload for trigger {trigger}: " + "; ".join(problems))
         self.trigger = trigger
         self.problems = problems
+
+
+class InvalidTriggerError(ConveyorError):
+    """A trigger that cannot be registered (its name, or a payload schema that is not a
+    valid JSON Schema); the message says why."""
