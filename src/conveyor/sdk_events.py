@@ -18,11 +18,13 @@ or through a :class:`conveyor.sdk.Client` (its own transaction): ``client.emit_e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -30,6 +32,19 @@ from conveyor import verbs
 from conveyor.domain import events as ev
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.store.queries import Q
+
+
+@contextmanager
+def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A savepoint in the caller's transaction, whose refusals are raised as ConveyorErrors
+    after it is rolled back (the caller's transaction stays usable). psycopg's
+    ``transaction()`` on an idle connection that is not autocommit would BEGIN and COMMIT a
+    transaction of its own -- committing what the caller may yet roll back -- so the
+    caller's transaction is begun first, as its next statement would begin it."""
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        conn.execute("SELECT 1")
+    with verbs.refusals(), conn.transaction():
+        yield
 
 
 def _payload_schema(cur: psycopg.Cursor[Any], trigger: str, schema: str) -> dict[str, Any] | None:
@@ -58,7 +73,7 @@ def emit_event_once(
     check_idempotency_key(idempotency_key)
     # A savepoint: a refusal (CVE01/CVE02/CVE03) is raised as a ConveyorError and leaves
     # the caller's transaction usable, as a refusal found here first does.
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
         ev.check_payload(trigger, _payload_schema(cur, trigger, schema), body)
         cur.execute(
             sql.SQL("SELECT event_id, repeated FROM {}.emit_event_once(%s, %s, %s, %s)").format(sql.Identifier(schema)),
@@ -98,7 +113,7 @@ def register_trigger(
     (a JSON Schema, checked to be one) is what every event's payload must satisfy; None
     accepts any JSON. A trigger of another type (webhook, cron...) keeps it: ConflictError."""
     ev.check_trigger(name, payload_schema, description)
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
             sql.SQL("SELECT {}.register_trigger(%s, 'custom', %s, %s)").format(sql.Identifier(schema)),
             (name, None if payload_schema is None else Jsonb(payload_schema), description),
@@ -113,7 +128,7 @@ def delete_trigger(conn: psycopg.Connection[Any], name: str, *, schema: str = "c
     webhooks, schedules or events use it."""
     if not ev.valid_trigger_name(name):
         raise ev.trigger_not_found(name)
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql.SQL("SELECT {}.delete_trigger(%s)").format(sql.Identifier(schema)), (name,))
         row = cur.fetchone()
     if row is None or not row[0]:
@@ -125,7 +140,7 @@ def replay_event(conn: psycopg.Connection[Any], event_id: int, *, schema: str = 
     rules are evaluated again. Returns the new id; NotFoundError when there is no such event."""
     if not ev.valid_id(event_id):
         raise ev.event_not_found(event_id)
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql.SQL("SELECT {}.replay_event(%s)").format(sql.Identifier(schema)), (event_id,))
         row = cur.fetchone()
     assert row is not None
@@ -145,7 +160,7 @@ def replay_events(
     if not ev.valid_trigger_name(trigger):
         raise ev.trigger_not_found(trigger)
     verbs.check_window(since, until)
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
             sql.SQL("SELECT original, replay FROM {}.replay_events(%s, %s, coalesce(%s::timestamptz, now()))").format(
                 sql.Identifier(schema)

@@ -12,12 +12,14 @@ from conveyor.cli import (
     actions,
     config_cmd,
     dead_letters,
+    events,
     executions,
     inquiries,
     policies,
     run,
     services,
     tokens,
+    triggers,
     workers,
     workflows,
 )
@@ -57,6 +59,9 @@ app.add_typer(policies.app, name="policies")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(workflows.app, name="workflows")
 app.add_typer(inquiries.app, name="inquiries")
+app.add_typer(triggers.app, name="triggers")  # issue #13
+app.add_typer(events.app, name="events")
+app.add_typer(events.enforcements, name="enforcements")
 
 
 def _user_facing(exc: BaseException) -> str | None:
