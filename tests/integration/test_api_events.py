@@ -133,6 +133,14 @@ JSON = st.recursive(
 KEYS = st.none() | st.text(string.printable, min_size=0, max_size=8) | st.sampled_from(["k", "k\x00", " k"])
 
 
+def has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(has_nul(v) for v in value)
+
+
 async def test_fuzz_emit(api: Api) -> None:
     """Any body: 202, or a 4xx with a message and nothing stored for it."""
     await _trigger(api)
@@ -164,7 +172,7 @@ async def test_fuzz_emit(api: Api) -> None:
             assert status >= 400, (body, status, answer)
             assert answer["error"], (body, status, answer)
             assert stored == 0, (body, answer)
-            if trigger == "free" and "\\u0000" in json.dumps(payload):  # a NUL anywhere: refused, said why
+            if trigger == "free" and header is None and has_nul(payload):  # refused, and said why
                 assert status == 422, (body, answer)
 
     await asyncio.to_thread(check)
