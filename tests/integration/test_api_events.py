@@ -42,6 +42,10 @@ async def test_triggers(api: Api) -> None:
     assert "invalid trigger name" in error_of(put, 422)
     assert error_of(await api.get("/api/v1/triggers/nope"), 404).startswith("unknown trigger 'nope'")
     assert error_of(await api.post("/api/v1/triggers", role="viewer", json={"name": "v"}), 403)
+    await api.sql("SELECT register_trigger('hook', 'webhook')")  # as a webhook registers its own
+    assert "is a webhook trigger, not custom" in error_of(
+        await api.post("/api/v1/triggers", json={"name": "hook"}), 409
+    )
     await api.post("/api/v1/events", json={"trigger": "deploys"})
     assert "still in use" in error_of(await api.delete("/api/v1/triggers/deploys"), 409)
     await _trigger(api, "spare")

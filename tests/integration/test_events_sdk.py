@@ -5,6 +5,7 @@ batch request with a delay (migration 0017)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from datetime import timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from conveyor.sdk import Client, request_executions
 from conveyor.sdk_events import emit_event, emit_event_once, register_trigger, replay_event, replay_events
 from conveyor.store.db import connect_sync
 from integration.builders import Conn
+from support.polling import eventually
 
 SCHEMA = {"type": "object", "properties": {"service": {"type": "string", "pattern": "^[a-z]+$"},
                                            "replicas": {"type": "integer", "minimum": 1}},
@@ -145,3 +147,28 @@ def test_batch_requests_with_a_delay(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="2 refs, 2 parameters and 1 not_before"):
         conn.execute("SELECT request_executions(ARRAY['core.noop', 'core.noop'], ARRAY['{}'::jsonb, '{}'], "
                      "ARRAY[now()])")  # fmt: skip
+
+
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_a_concurrent_retry_with_the_same_key_waits_for_the_first(conn: Conn, db_url: str, first_commits: bool) -> None:
+    """The unique (trigger, idempotency_key) decides: the second waits for the first's
+    transaction, then answers its event (committed) or stores its own (rolled back)."""
+    conn.execute("SELECT register_trigger('deploys')")
+    # (Left in this order: a failure rolls the first transaction back, freeing the retry.)
+    with (
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+        psycopg.connect(db_url, autocommit=True) as second,
+        psycopg.connect(db_url) as first,
+    ):
+        mine = emit_event(first, "deploys", {"n": 1}, idempotency_key="k")
+        retry = pool.submit(emit_event_once, second, "deploys", {"n": 1}, idempotency_key="k")
+        waiting = (
+            "SELECT count(*) AS n FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()"
+        )
+        eventually(lambda: conn.execute(waiting).fetchone()["n"] > 0, 10, message="the retry waits")  # type: ignore[index]
+        assert not retry.done()
+        first.commit() if first_commits else first.rollback()
+        got, repeated = retry.result(10)
+    assert (got == mine, repeated) == ((True, True) if first_commits else (False, False))
+    assert len(events(conn)) == 1
