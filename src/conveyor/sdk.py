@@ -28,6 +28,7 @@ from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, Unknow
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk_events import EventMethods
 from conveyor.sdk_rules import RuleMethods
 from conveyor.sdk_schedules import ScheduleMethods
 from conveyor.sdk_workflows import WorkflowMethods
@@ -97,23 +98,45 @@ def request_execution(
 
 
 def request_executions(
-    conn: psycopg.Connection[Any], requests: Sequence[tuple[str, dict[str, Any]]], *, schema: str = "conveyor"
+    conn: psycopg.Connection[Any],
+    requests: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    schema: str = "conveyor",
+    not_before: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> list[int]:
-    """Batch form of :func:`request_execution`: one statement for all rows."""
+    """Batch form of :func:`request_execution`: one statement for all rows. ``not_before``
+    or ``delay`` (from the database's now()) holds every one of them until then."""
+    if not_before is not None and delay is not None:
+        raise DelayError("give not_before or delay, not both")
+    if not_before is not None:
+        check_aware(not_before)
+    if delay is not None:
+        check_delay(delay)
     schemas: dict[str, dict[str, Any]] = {}
     for ref, params in requests:
         if ref not in schemas:
             schemas[ref] = _schema_of(conn, ref, schema)
         validate_parameters(ref, schemas[ref], params)
+    refs, parameters = [r for r, _ in requests], [Jsonb(p) for _, p in requests]
     # A savepoint inside the caller's transaction (or a transaction of its own under
     # autocommit); the function's own search_path resolves its names.
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            sql.SQL("SELECT id FROM {}.request_executions(%s::text[], %s::jsonb[]) AS id").format(
-                sql.Identifier(schema)
-            ),
-            ([r for r, _ in requests], [Jsonb(p) for _, p in requests]),
-        )
+        if not_before is None and delay is None:
+            cur.execute(
+                sql.SQL("SELECT id FROM {}.request_executions(%s::text[], %s::jsonb[]) AS id").format(
+                    sql.Identifier(schema)
+                ),
+                (refs, parameters),
+            )
+        else:  # the three-argument form (migration 0020), one time for every row
+            cur.execute(
+                sql.SQL(
+                    "SELECT id FROM {}.request_executions(%s::text[], %s::jsonb[], array_fill("
+                    "coalesce(%s::timestamptz, now() + %s::interval), ARRAY[cardinality(%s::text[])])) AS id"
+                ).format(sql.Identifier(schema)),
+                (refs, parameters, not_before, delay, refs),
+            )
         return [int(r[0]) for r in cur.fetchall()]
 
 
@@ -121,7 +144,7 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client(WorkflowMethods, RuleMethods, ScheduleMethods):
+class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods):
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need

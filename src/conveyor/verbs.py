@@ -4,7 +4,8 @@ Each verb is one SQL function in the database (``request_execution``,
 ``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
 ``set_admission_policy``, ``delete_admission_policy``, ``replay_message``,
 ``register_workflow``, ``delete_workflow``, ``pause_execution``, ``resume_execution``,
-``rerun_execution``, ``cancel_workflow``, ``respond_inquiry``); its wake-ups
+``rerun_execution``, ``cancel_workflow``, ``respond_inquiry``, ``register_trigger``,
+``delete_trigger``, ``emit_event_once``, ``replay_event``, ``replay_events``); its wake-ups
 come from triggers, not from the caller. What is here is only what every caller needs
 around that one call, written once: the checks made before it (full JSON Schema, policy
 specs) and what its answer means -- an error a user can act on, or the result. A caller
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import jsonschema
@@ -23,6 +25,7 @@ import psycopg
 
 from conveyor.actions.registry import AdmissionPolicy
 from conveyor.domain import inquiries as inq
+from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
@@ -244,3 +247,15 @@ def responded(inquiry_id: int, responder: str, row: Mapping[str, Any] | None) ->
         raise ConflictError(f"{responder!r} already answered inquiry {inquiry_id}: it needs another responder")
     return {"id": inquiry_id, "outcome": outcome, "status": row["status"], "execution": row["execution"],
             "responders": list(row["responders"] or [])}  # fmt: skip
+
+
+# -- events (the checks of payloads and triggers: domain/events.py) ----------------------
+
+
+def check_window(since: datetime, until: datetime | None) -> None:
+    """A replay window: timezone-aware times, ``since`` before ``until``."""
+    for what, when in (("since", since), ("until", until)):
+        if when is not None:
+            check_aware(when, what)
+    if until is not None and until <= since:
+        raise DelayError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})")

@@ -88,8 +88,18 @@ def seed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     ask = conn.execute(request.replace("core.echo", "core.ask"), (Jsonb({"prompt": "ok?"}),)).fetchone()["id"]
     conn.execute("UPDATE execution SET status = 'scheduling', executor = 't' WHERE id = %s", (ask,))
     inquiry = conn.execute(Q["ask_inquiries"], {"ids": [ask], "executor": "t"}).fetchone()["inquiry"]
+    # (issue #13) An event of a custom trigger, and an enforcement a rule made of it.
+    conn.execute("SELECT register_trigger('deploys')")
+    event = conn.execute("SELECT emit_event('deploys', '{\"x\": 1}') AS id").fetchone()["id"]
+    rule = conn.execute("SELECT rule_id FROM register_rule('deploys.echo', 'deploys', '{}', 'core.echo', '{}')")
+    enforcement = conn.execute(
+        "INSERT INTO enforcement (rule, rule_ref, event, outcome, error)"
+        " VALUES (%s, 'deploys.echo', %s, 'template_error', 'boom') RETURNING id",
+        (rule.fetchone()["rule_id"], event),
+    ).fetchone()["id"]
     return {"execution_id": ids[0], "dead_letter_id": letters[0], "name": "w1", "ref": "core.echo",
-            "target": "core.echo", "inquiry_id": inquiry}  # fmt: skip
+            "target": "core.echo", "inquiry_id": inquiry, "event_id": event,
+            "enforcement_id": enforcement}  # fmt: skip
 
 
 @pytest.fixture

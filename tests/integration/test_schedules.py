@@ -185,10 +185,18 @@ async def test_cron_in_a_zone_across_dst(conn: Conn, pool: Pool, client: Client)
 async def test_two_firers_at_once_fire_each_slot_once(conn: Conn, db_url: str, pool: Pool, client: Client) -> None:
     for i in range(20):
         client.create_schedule(f"s{i}", every=1, action="core.noop")
-        backdate(conn, f"s{i}", 5.5)
-    conn.execute("UPDATE schedule SET ends = now() - interval '0.2 s'")  # five slots each, no more
+    # One statement, one now(): every schedule created 5.5 s ago and ended 0.2 s ago -- five
+    # slots each, however long the creations above took on a busy machine.
+    conn.execute(
+        "UPDATE schedule SET created = now() - interval '5.5 s', updated = now() - interval '5.5 s', "
+        "next_fire = now() - interval '5.5 s', ends = now() - interval '0.2 s'"
+    )
     async with AsyncConnectionPool(pool.conninfo, kwargs=pool.kwargs, min_size=1, max_size=4, open=False) as other:
-        firers = [Firer(pool, batch_size=3), Firer(other, batch_size=3)]
+        for p in (pool, other):  # both connected before the race, so neither starts late
+            async with p.connection() as c:
+                await c.execute("SELECT 1")
+        # One schedule per pass: twenty passes to share, so both firers take part.
+        firers = [Firer(pool, batch_size=1), Firer(other, batch_size=1)]
 
         async def drain(f: Firer) -> int:
             total = 0

@@ -24,7 +24,9 @@ from conveyor.api.routes import (
     webhooks,
     workflows,
 )
+from conveyor.api.routes import events as event_routes
 from conveyor.api.routes import schedules as schedule_routes
+from conveyor.api.routes import triggers as trigger_routes
 from conveyor.config import Settings
 from conveyor.transport.base import Transport
 
@@ -60,6 +62,9 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     v1.include_router(webhooks.router)
     v1.include_router(rules.router)
     v1.include_router(schedule_routes.router)
+    v1.include_router(trigger_routes.router)  # issue #13: triggers, events, enforcements
+    v1.include_router(event_routes.router)
+    v1.include_router(event_routes.enforcements)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)

@@ -21,6 +21,7 @@ from conveyor.domain.errors import (
     InvalidParametersError,
     InvalidPayloadError,
     InvalidRuleError,
+    InvalidTriggerError,
     InvalidWorkflowError,
     NotFoundError,
     UnknownActionError,
@@ -75,7 +76,7 @@ def install(app: FastAPI) -> None:
             return error(422, str(exc), problems=[{"field": f, "message": m} for f, m in exc.problems])
         if isinstance(exc, InvalidPayloadError):
             return error(422, str(exc), problems=[{"field": "payload", "message": m} for m in exc.problems])
-        if isinstance(exc, UnknownActionError | InvalidParametersError | InvalidScheduleError):
+        if isinstance(exc, UnknownActionError | InvalidParametersError | InvalidScheduleError | InvalidTriggerError):
             return error(422, str(exc))
         return error(400, str(exc))
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conveyor.actions.registry import AdmissionPolicy
+from conveyor.domain.delays import MAX_DELAY, DelayError, check_delay, parse_duration
 
 
 class ExecutionRequest(BaseModel):
@@ -29,6 +31,38 @@ class ExecutionRequest(BaseModel):
         if value is not None and not isinstance(value, str):
             raise ValueError("give RFC 3339 text with a UTC offset, e.g. 2026-11-25T12:00:05+00:00")
         return value
+
+    # (issue #13) Or a delay from the database's now(): seconds, or a duration like "30s".
+    delay: timedelta | None = Field(
+        None,
+        examples=["30s"],
+        description="seconds (a number) or a duration (30s, 5m, 1h30m, 250ms): it waits in 'requested' until "
+        "the database's now() plus this; not with not_before",
+    )
+
+    @field_validator("delay", mode="before")
+    @classmethod
+    def _a_duration(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise DelayError("give seconds (a number) or a duration such as 30s, 5m, 1h30m")
+            if isinstance(value, str):
+                return parse_duration(value)
+            if not math.isfinite(value):
+                raise DelayError(f"{value} is not a number of seconds")
+            return check_delay(timedelta(seconds=value), "delay")
+        except DelayError as exc:
+            raise ValueError(str(exc).replace("--in ", "delay ")) from None
+        except OverflowError:
+            raise ValueError(f"delay {value}: at most {MAX_DELAY.days} days") from None
+
+    @model_validator(mode="after")
+    def _one_time(self) -> ExecutionRequest:
+        if self.not_before is not None and self.delay is not None:
+            raise ValueError("give not_before or delay, not both")
+        return self
 
 
 class AttemptOut(BaseModel):

@@ -12,6 +12,7 @@ from conveyor.cli import (
     actions,
     config_cmd,
     dead_letters,
+    events,
     executions,
     inquiries,
     policies,
@@ -20,6 +21,7 @@ from conveyor.cli import (
     schedules,
     services,
     tokens,
+    triggers,
     webhooks,
     workers,
     workflows,
@@ -63,6 +65,9 @@ app.add_typer(inquiries.app, name="inquiries")
 app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(rules.app, name="rules")
 app.add_typer(schedules.app, name="schedules")
+app.add_typer(triggers.app, name="triggers")  # issue #13
+app.add_typer(events.app, name="events")
+app.add_typer(events.enforcements, name="enforcements")
 
 
 def _user_facing(exc: BaseException) -> str | None:

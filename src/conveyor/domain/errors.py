@@ -93,3 +93,8 @@ class InvalidRuleError(ConveyorError):
 
     def lines(self) -> list[str]:
         return [": ".join(part for part in problem if part) for problem in self.problems]
+
+
+class InvalidTriggerError(ConveyorError):
+    """A trigger that cannot be registered (its name, or a payload schema that is not a
+    valid JSON Schema); the message says why."""

@@ -69,6 +69,7 @@ async def request_execution(
     key: str | None = None,
     by: str | None = None,
     not_before: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> tuple[int, bool]:
     """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated).
     ``by``: the requester (the token's name), recorded as execution.requested_by."""
@@ -84,8 +85,10 @@ async def request_execution(
         async with conn.transaction():
             row = await (
                 await conn.execute(
-                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s, %s)",
-                    (ref, Jsonb(parameters), key, not_before),
+                    # delay: from the database clock, never this process's
+                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s,"
+                    " coalesce(%s::timestamptz, now() + %s::interval))",
+                    (ref, Jsonb(parameters), key, not_before, delay),
                 )
             ).fetchone()
     return int(row["execution_id"]), bool(row["repeated"])
@@ -115,7 +118,7 @@ async def create(
     execution of the first try (for at least 24 h) instead of creating another."""
     async with ctx.pool.connection() as conn:
         eid, repeated = await request_execution(
-            conn, body.action_ref, body.parameters, key, principal.name, body.not_before
+            conn, body.action_ref, body.parameters, key, principal.name, body.not_before, body.delay
         )
         # Not committed for a client that has hung up (it gave up waiting and may retry):
         # the pool connection's transaction commits only when this block ends.

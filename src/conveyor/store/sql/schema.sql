@@ -1400,6 +1400,27 @@ CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[]) RET
     SELECT id FROM inserted ORDER BY id
 $$;
 
+CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[], not_before timestamp with time zone[]) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF cardinality(refs) <> cardinality(parameters) OR cardinality(refs) <> cardinality(not_before) THEN
+        RAISE EXCEPTION 'request_executions: % refs, % parameters and % not_before times',
+            cardinality(refs), cardinality(parameters), cardinality(not_before)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH inserted AS (
+        INSERT INTO execution (action_ref, parameters, not_before)
+        SELECT r, coalesce(p, '{}'), CASE WHEN nb > now() THEN nb END
+        FROM unnest(refs, parameters, not_before) AS u (r, p, nb)
+        RETURNING id
+    )
+    SELECT i.id FROM inserted i ORDER BY i.id;
+END
+$$;
+
 CREATE FUNCTION conveyor.rerun_execution(p_id bigint, p_from_failed boolean, p_by text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
