@@ -3,7 +3,7 @@
 A pass, in one transaction: pick the due schedules (``next_fire <= now()``) FOR UPDATE
 SKIP LOCKED, decide each one's slots with the pure ``conveyor.domain.schedules.plan``
 (the database's now, the previous run still going, a buffered slot), and apply the
-decision with ``fire_schedules`` -- set-based since migration 0020: every slot row of
+decision with ``fire_schedules`` -- set-based since migration 0021: every slot row of
 the pass in one INSERT ON CONFLICT DO NOTHING, their executions in one INSERT, refusals
 per slot ('request_error'), overlap, next_fire. Then the loop sleeps until the earliest next_fire, asked of
 the database -- so a slot fires within milliseconds of its time -- capped by
