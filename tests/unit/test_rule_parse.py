@@ -108,7 +108,8 @@ def test_lone_surrogates_are_refused() -> None:
 def test_bracketed_keys_reach_hyphenated_and_dotted_keys(key: str, path: tuple[str, ...]) -> None:
     doc = {"ref": "a.b", "trigger": "t", "action": {"ref": "x.y"}, "criteria": {key: {"type": "exists"}}}
     check = parse.criteria_of(parse.parse(doc).criteria)
-    assert isinstance(check, c.Check) and check.path == path
+    assert isinstance(check, c.Check)
+    assert check.path == path
     payload = {"headers": {"x-github-event": "push"}, "body": {"a.b": {"c": 1}, "commits": [{"id": 7}]}}
     assert c.matches(check, payload)
 
