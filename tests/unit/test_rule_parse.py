@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.domain.errors import InvalidRuleError
+from conveyor.rules import criteria as c
 from conveyor.rules import parse
 from conveyor.rules.render import EventRow, RuleRow, decide
 
@@ -93,3 +94,30 @@ def test_decide() -> None:
 def test_lone_surrogates_are_refused() -> None:
     with pytest.raises(InvalidRuleError, match="not valid Unicode"):
         parse.load(b'{"ref": "a.b", "description": "\\ud800", "trigger": "t", "action": {"ref": "x.y"}}')
+
+
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [
+        ("trigger.headers['x-github-event']", ("headers", "x-github-event")),
+        ('trigger.body["a.b"].c', ("body", "a.b", "c")),
+        ("trigger.body.commits[0].id", ("body", "commits", "0", "id")),
+        ("trigger.headers.x-github-event", ("headers", "x-github-event")),
+    ],
+)
+def test_bracketed_keys_reach_hyphenated_and_dotted_keys(key: str, path: tuple[str, ...]) -> None:
+    doc = {"ref": "a.b", "trigger": "t", "action": {"ref": "x.y"}, "criteria": {key: {"type": "exists"}}}
+    check = parse.criteria_of(parse.parse(doc).criteria)
+    assert isinstance(check, c.Check)
+    assert check.path == path
+    payload = {"headers": {"x-github-event": "push"}, "body": {"a.b": {"c": 1}, "commits": [{"id": 7}]}}
+    assert c.matches(check, payload)
+
+
+@pytest.mark.parametrize(
+    "key", ["trigger.headers['x", "trigger.a[b]", "trigger..a", "trigger.", "triggers.a", "body.x"]
+)
+def test_malformed_paths_are_refused(key: str) -> None:
+    doc = {"ref": "a.b", "trigger": "t", "action": {"ref": "x.y"}, "criteria": {key: {"type": "exists"}}}
+    with pytest.raises(InvalidRuleError, match="a criteria key is a path"):
+        parse.parse(doc)

@@ -180,3 +180,16 @@ def test_plan_properties(cron: str, zone: str, start: datetime, outage: int, pol
     # Decided again from where it stopped: nothing decided twice.
     again = plan(spec, p.last_slot or start, now, running=running)
     assert not {d.slot for d in again.decisions} & set(seen) or len(p.decisions) == sch.MAX_SLOTS_PER_PASS
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "right/UTC", "posix/Europe/Paris", "UTC+5"])
+def test_host_dependent_or_odd_zones_are_refused(zone: str) -> None:
+    # 'localtime' is whatever the host's /etc/localtime is: replicas on hosts in different
+    # zones would compute different slots for one schedule. right/* count leap seconds.
+    with pytest.raises(InvalidScheduleError, match="time zone"):
+        Spec("cron", cron="* * * * *", timezone=zone)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Paris", "America/Argentina/Buenos_Aires", "Etc/GMT+5", "EST5EDT"])
+def test_iana_zones_are_accepted(zone: str) -> None:
+    assert Spec("cron", cron="* * * * *", timezone=zone).zone.key == zone

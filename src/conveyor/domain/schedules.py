@@ -30,12 +30,13 @@ clock.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadDateError, CroniterError, croniter  # type: ignore[import-untyped]
 
@@ -87,9 +88,22 @@ def parse_cron(expr: str) -> str:
     return text
 
 
+# In the tz database's listing but not a place: 'localtime' is a copy of the host's own
+# zone (replicas on hosts set differently would disagree on every slot), 'Factory' is
+# the "no zone set" placeholder.
+_NOT_PLACES = frozenset({"localtime", "Factory", "posixrules"})
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones()) - _NOT_PLACES
+
+
 def parse_timezone(name: str) -> ZoneInfo:
+    """An IANA zone by its listed name: never a path (``../etc``), a host-dependent file
+    (``localtime``) or the leap-second ``right/`` variants, which ZoneInfo would open."""
     try:
-        if not name or len(name) > 64 or name.startswith(("/", ".")) or ".." in name:
+        if name not in _zone_names():
             raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

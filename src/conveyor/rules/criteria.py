@@ -4,7 +4,9 @@ by a pure function that never raises, whatever the payload (tests/unit/test_rule
 has the hypothesis properties).
 
 Paths are dotted from ``trigger`` (the event's payload): ``trigger.body.commits.0.id``
-reaches into objects by key and into lists by index. A path that leads nowhere is
+reaches into objects by key and into lists by index; a key holding a dot or a bracket (or
+written StackStorm's way) is quoted in brackets: ``trigger.headers['x-github-event']``,
+``trigger.body["a.b"]``, ``trigger.body.commits[0]`` (see :func:`split_path`). A path that leads nowhere is
 *missing*: every operator is false on it except ``nexists`` (and the other negations,
 which are exactly ``not`` of their operator).
 
@@ -94,6 +96,28 @@ def matches(criterion: Criterion, payload: Any) -> bool:
     if isinstance(criterion, AnyOf):
         return any(matches(c, payload) for c in criterion.items)
     return not matches(criterion.item, payload)
+
+
+# One segment after "trigger": .name (anything but . [ ] and quotes), ['key'], ["key"] or [0].
+_SEGMENT: Final = regex.compile(r"""\.([^.\[\]'"]+)|\['([^']*)'\]|\["([^"]*)"\]|\[(\d+)\]""")
+
+
+def split_path(key: str) -> tuple[str, ...] | None:
+    """The segments of a criteria key after ``trigger``, or None when ``key`` is not a
+    path. Without the bracket form a header such as ``x-github-event`` was reachable only
+    dotted, and ``trigger.headers['x-github-event']`` (what the webhook docs and
+    StackStorm show) parsed as one odd key that never matched: silently a dead rule."""
+    if not key.startswith("trigger"):
+        return None
+    parts: list[str] = []
+    at = len("trigger")
+    while at < len(key):
+        m = _SEGMENT.match(key, at)
+        if m is None:
+            return None
+        parts.append(next(g for g in m.groups() if g is not None))
+        at = m.end()
+    return tuple(parts)
 
 
 def lookup(payload: Any, path: Sequence[str]) -> Any:

@@ -157,9 +157,10 @@ def parse_criteria(
 
 
 def _check(key: str, spec: Any, where: str, problems: Problems) -> c.Check | None:
-    parts = key.split(".")
-    if parts[0] != "trigger" or any(not p for p in parts) or len(parts) > c.MAX_PATH:
-        problems.append((where, "a criteria key is a dotted path from trigger (trigger.body.branch), or and/or/not"))
+    parts = c.split_path(key)
+    if parts is None or len(parts) > c.MAX_PATH:
+        problems.append((where, "a criteria key is a path from trigger (trigger.body.branch, "
+                                "trigger.headers['x-github-event']), or and/or/not"))  # fmt: skip
         return None
     if not isinstance(spec, Mapping):
         problems.append((where, "must be {type: OPERATOR, pattern: VALUE}"))
@@ -184,7 +185,7 @@ def _check(key: str, spec: Any, where: str, problems: Problems) -> c.Check | Non
         problems.append((f"{where}.pattern", f"must be a string for {op!r}"))
     elif op in ("gt", "gte", "lt", "lte") and not (isinstance(pattern, str) or c._number(pattern)):
         problems.append((f"{where}.pattern", f"must be a number or a string for {op!r}"))
-    return c.Check(tuple(parts[1:]), op, pattern, negate)
+    return c.Check(parts, op, pattern, negate)
 
 
 def criteria_of(value: Any) -> c.Criterion:

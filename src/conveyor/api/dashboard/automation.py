@@ -3,31 +3,28 @@ triggers and webhooks, schedules and their slots, read straight from the tables 
 migration 0016 with the named queries of ``dashboard_automation.sql``. The engines that
 fill them (rules, webhooks, schedules) are elsewhere; these pages only read.
 
-A schedule's next fire times: ``next_fire`` is the engine's (stored); the ones after it
-are computed here by ``upcoming`` (croniter for cron, steps of ``every`` for interval),
-from the stored next_fire or else the database clock -- display only, never a decision.
-(When the schedules engine's conveyor.domain.schedules is merged, its ``upcoming`` is the
-one to call here: same convention, and its DST-gap rule to the second.)"""
+A schedule's next fire times are the engine's own (conveyor.domain.schedules, through
+schedule_verbs.next_fire_times as the CLI and REST show them), from the database clock --
+display only, never a decision."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import croniter  # type: ignore[import-untyped]  # (no stubs; display only)
 
 from conveyor.api.dashboard.data import FINISHED, PAGE, NotFound, Shown, _choice, _id, _text
 from conveyor.api.dashboard.web import pretty
+from conveyor.domain.schedules import InvalidScheduleError
+from conveyor.schedule_verbs import next_fire_times
 from conveyor.store.queries import Q
 
 OUTCOMES = ("requested", "template_error", "request_error", "rule_disabled")
 SLOT_OUTCOMES = ("requested", "emitted", "skipped", "missed", "buffered", "request_error")
 DETAIL_ROWS = 20  # enforcements, replays and slots on one event's, rule's or schedule's page
-UPCOMING = 3  # fire times shown per schedule: next_fire and the ones after it
+UPCOMING = 3  # fire times shown per schedule
 
 
 @dataclass(slots=True)
@@ -143,54 +140,17 @@ async def triggers(conn: Any) -> dict[str, Any]:
 # -- schedules --------------------------------------------------------------------------
 
 
-def _zone(name: str) -> ZoneInfo | None:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        return None
-
-
 def upcoming(schedule: Mapping[str, Any], now: datetime, count: int = UPCOMING) -> list[datetime]:
-    """The schedule's next ``count`` fire times as the page shows them: its stored
-    ``next_fire`` first (the engine's), then the slots after it; from ``now`` (the
-    database clock) when next_fire is unset. Nothing for a paused schedule with no
-    next_fire, an unreadable cron or time zone, or past ``ends``. Pure: display only."""
-    start: datetime | None = schedule.get("next_fire")
-    times: list[datetime] = [start] if start is not None else []
-    kind, ends = schedule.get("kind"), schedule.get("ends")
-    if kind == "date":
-        at = schedule.get("at")
-        times = times or ([at] if at is not None and at >= now else [])
-    elif kind == "interval" and isinstance(schedule.get("every"), timedelta):
-        every: timedelta = schedule["every"]
-        if every <= timedelta(0):
-            return times[:count]
-        if start is None:
-            anchor = schedule.get("starts") or now
-            steps = max(0, -(-(now - anchor) // every)) if anchor < now else 0  # ceil: the first slot >= now
-            times = [anchor + steps * every]
-        while len(times) < count:
-            times.append(times[-1] + every)
-    elif kind == "cron" and isinstance(schedule.get("cron"), str):
-        zone = _zone(schedule.get("timezone") or "UTC")
-        if zone is None or not croniter.is_valid(schedule["cron"]):
-            return times[:count]
-        # As the schedules engine reads them: six fields put seconds first (Quartz, robfig;
-        # croniter's default is last), matched against wall-clock times in the zone.
-        expr = schedule["cron"]
-        last = start or now
-        try:
-            it = croniter(expr, last.astimezone(zone).replace(tzinfo=None), second_at_beginning=len(expr.split()) == 6)
-            for _ in range(4 * count):  # a repeated (fall-back) wall time is skipped, not shown twice
-                if len(times) >= count:
-                    break
-                slot = it.get_next(datetime).replace(tzinfo=zone, fold=0).astimezone(UTC)
-                if slot > last:
-                    times.append(slot)
-                    last = slot
-        except (ValueError, KeyError, OverflowError):  # croniter's refusals of odd expressions
-            return times[:count]
-    return [t for t in times[:count] if ends is None or t <= ends]
+    """The schedule's next ``count`` fire times, exactly as ``conveyor schedules get`` and
+    REST show them (schedule_verbs.next_fire_times: the engine's slot arithmetic in
+    conveyor.domain.schedules) from ``now``, the database clock. One implementation: a
+    second one here (croniter read directly) showed a different instant for a slot in a
+    spring-forward gap than the one the engine fires. Nothing for a row the engine could
+    not read either (written around the API). Pure: display only."""
+    try:
+        return next_fire_times({**schedule, "now": now}, count)
+    except (InvalidScheduleError, KeyError):
+        return []
 
 
 def _schedule_view(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,7 @@ ORDER BY w.name;
 -- page computes, and each schedule's lateness).
 SELECT s.id, s.name, s.kind, s.cron, s.timezone, s.every, s.at, s.starts, s.ends, s.action_ref, s.trigger,
        s.catchup, s.catchup_window, s.overlap, s.paused, s.next_fire, s.last_slot, s.description,
-       now() AS db_now,
+       s.created, s.updated, now() AS db_now,
        ls.slot AS last_slot_time, ls.outcome AS last_outcome, ls.execution AS last_execution,
        ls.fired AS last_fired
 FROM schedule s
