@@ -78,6 +78,7 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[")
 # The RabbitMQ client library logs its own tracebacks (straight to stderr, not through
 # the product's log) when the broker closes connections: expected during the restart.
 _BROKER_CLIENT = ("aiormq.exceptions.", "aio_pika.exceptions.")
+_RECONNECTING = "error when creating transport: "
 
 
 def log_errors(fleet: Fleet) -> tuple[list[str], list[str]]:
@@ -92,7 +93,9 @@ def log_errors(fleet: Fleet) -> tuple[list[str], list[str]]:
                 j = i + 1
                 while j < len(lines) and not _LOG_LINE.match(lines[j]):
                     j += 1
-                last = next((s for s in reversed(lines[i:j]) if s.strip()), line)
+                # aio_pika's robust connection prints its own retries (not log lines) right
+                # after a traceback of its own: not the exception line.
+                last = next((s for s in reversed(lines[i:j]) if s.strip() and not s.startswith(_RECONNECTING)), line)
                 text = f"{label}: {last.strip()[:200]}"
                 if last.strip().startswith(_BROKER_CLIENT):
                     errors.append(f"{text} (broker client library)")
