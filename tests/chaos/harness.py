@@ -323,22 +323,8 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
             if rabbitmq
             else None
         )
-        threads = [
-            t
-            for t in (
-                monitor,
-                injector,
-                outages,
-                submitter,
-                canceller,
-                notify_dupes,
-                broker_dupes,
-                bot,
-                sender,
-                emitter,
-            )
-            if t
-        ]
+        threads = [t for t in (monitor, injector, outages, submitter, canceller, notify_dupes, broker_dupes, bot) if t]
+        threads += [sender, emitter]
         began = time.time()
         injector.chaos.set()
         outages.begin.set()
