@@ -54,6 +54,53 @@ def start(name: str, role: str, env: dict[str, str], logdir: Path) -> subprocess
     return subprocess.Popen([sys.executable, "-m", "conveyor", role], env=env, stdout=log, stderr=log)
 
 
+def measure(url: str, schedules: int, seconds: float, executors: int, events: bool = False) -> dict[str, Any]:
+    """``schedules`` interval schedules of 1 s fired for ``seconds`` by ``executors``
+    executors (and one worker) on the fresh database ``url``: slots, missed, never fired,
+    doubled and the lags (seconds) of the slots in the window. bench/events.py uses it too."""
+    env = {**os.environ, "DATABASE_URL": url, "CONVEYOR__LOG__LEVEL": "warning"}
+    logdir = Path(tempfile.mkdtemp(prefix="conveyor-bench-schedules-"))
+    procs = [start(f"executor{i + 1}", "executor", env, logdir) for i in range(executors)]
+    procs.append(start("worker", "worker", env | {"CONVEYOR__WORKER__NAME": "bench-worker"}, logdir))
+    out: dict[str, Any] = {"logs": str(logdir)}
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {SCHEMA}")
+            wait_for(conn, "SELECT count(*) FROM worker WHERE status = 'active'", 1, timeout=30)
+            action = None if events else "core.noop"
+            with conn.transaction():
+                for i in range(schedules):
+                    conn.execute("SELECT create_schedule(%s, 'interval', every => interval '1 second', "
+                                 "action_ref => %s)", (f"bench{i}", action))  # fmt: skip
+            # Measure a window that starts after the warm-up second and ends a second early.
+            since = conn.execute("SELECT now() + interval '2 s'").fetchone()[0]  # type: ignore[index]
+            time.sleep(seconds + 2)
+            until = conn.execute("SELECT now() - interval '1 s'").fetchone()[0]  # type: ignore[index]
+            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+            stats = cur.execute(STATS, {"since": since, "until": until}).fetchone()
+            lost = cur.execute(GAPS, {"since": since, "until": until}).fetchone()
+            assert stats is not None
+            assert lost is not None
+            out |= {"slots": stats["slots"], "missed": stats["missed"], "doubled": stats["doubled"],
+                    "never_fired": lost["lost"], "lags": [float(x) for x in stats["lags"] or []]}  # fmt: skip
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    return out
+
+
+def describe(out: dict[str, Any]) -> list[str]:
+    lags = out.get("lags", [])
+    lines = [f"  slots={out.get('slots')} missed={out.get('missed')} never_fired={out.get('never_fired')} "
+             f"doubled={out.get('doubled')}"]  # fmt: skip
+    if len(lags) >= 2:
+        lines.append(f"  lag p50={pct(lags, 50) * 1000:.1f} ms p99={pct(lags, 99) * 1000:.1f} ms "
+                     f"max={max(lags) * 1000:.1f} ms")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -66,46 +113,11 @@ def main() -> None:
     args = parser.parse_args()
 
     url = fresh_database(args.url, DATABASE)
-    env = {**os.environ, "DATABASE_URL": url, "CONVEYOR__LOG__LEVEL": "warning"}
-    logdir = Path(tempfile.mkdtemp(prefix="conveyor-bench-schedules-"))
-    procs = [start(f"executor{i + 1}", "executor", env, logdir) for i in range(args.executors)]
-    procs.append(start("worker", "worker", env | {"CONVEYOR__WORKER__NAME": "bench-worker"}, logdir))
-    out: dict[str, Any] = {}
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"SET search_path TO {SCHEMA}")
-            wait_for(conn, "SELECT count(*) FROM worker WHERE status = 'active'", 1, timeout=30)
-            action = None if args.events else "core.noop"
-            with conn.transaction():
-                for i in range(args.schedules):
-                    conn.execute("SELECT create_schedule(%s, 'interval', every => interval '1 second', "
-                                 "action_ref => %s)", (f"bench{i}", action))  # fmt: skip
-            # Measure a window that starts after the warm-up second and ends a second early.
-            since = conn.execute("SELECT now() + interval '2 s'").fetchone()[0]  # type: ignore[index]
-            time.sleep(args.seconds + 2)
-            until = conn.execute("SELECT now() - interval '1 s'").fetchone()[0]  # type: ignore[index]
-            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-            stats = cur.execute(STATS, {"since": since, "until": until}).fetchone()
-            lost = cur.execute(GAPS, {"since": since, "until": until}).fetchone()
-            assert stats is not None
-            assert lost is not None
-            lags = [float(x) for x in stats["lags"] or []]
-            out = {"slots": stats["slots"], "missed": stats["missed"], "doubled": stats["doubled"],
-                   "never_fired": lost["lost"], "lags": lags}  # fmt: skip
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
-    lags = out.get("lags", [])
+    out = measure(url, args.schedules, args.seconds, args.executors, args.events)
     print(f"schedules={args.schedules} every=1s seconds={args.seconds:g} executors={args.executors} "
           f"{'events' if args.events else 'core.noop'}")  # fmt: skip
-    print(f"  slots={out.get('slots')} missed={out.get('missed')} never_fired={out.get('never_fired')} "
-          f"doubled={out.get('doubled')}")  # fmt: skip
-    if len(lags) >= 2:
-        print(f"  lag p50={pct(lags, 50) * 1000:.1f} ms p99={pct(lags, 99) * 1000:.1f} ms "
-              f"max={max(lags) * 1000:.1f} ms")  # fmt: skip
-    print(f"  logs: {logdir}", file=sys.stderr)
+    print("\n".join(describe(out)))
+    print(f"  logs: {out['logs']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executors", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=40.0, help="executions requested per second")
+    parser.add_argument("--webhook-rate", type=float, default=4.0, help="signed webhook deliveries POSTed per second")
+    parser.add_argument("--event-rate", type=float, default=4.0, help="custom events emitted per second")
     parser.add_argument("--concurrency", type=int, default=8, help="executions each worker runs at once")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--pg-restart-mode", choices=["fast", "immediate"], default="fast")
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         executors=args.executors,
         workers=args.workers,
         rate=args.rate,
+        webhook_rate=args.webhook_rate,
+        event_rate=args.event_rate,
         concurrency=args.concurrency,
         seed=args.seed,
         pg_restart_mode=args.pg_restart_mode,

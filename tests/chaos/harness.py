@@ -28,6 +28,7 @@ from acceptance.helpers import conveyor_env, describe, run_cli
 from acceptance.pg import PrivatePostgres
 from conveyor import failpoints
 
+from . import automation
 from . import report as reporting
 from . import workflows as chaos_workflows
 from .dupes import BrokerDuplicator, NotifyDuplicator, delete_tap
@@ -101,6 +102,8 @@ class ChaosConfig:
     failpoints: bool = True
     cancel_every: float = 0.5
     settle_timeout: float = 120.0
+    webhook_rate: float = 4.0  # signed webhook deliveries POSTed per second
+    event_rate: float = 4.0  # custom events emitted per second
     timing: Timing = field(default_factory=Timing)
     rabbitmq_url: str = field(
         default_factory=lambda: os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -170,6 +173,9 @@ def _build_fleet(config: ChaosConfig, env: dict[str, str], log_dir: Path, rng: r
         # others on every replica: both must be safe side by side.
         exclusive = {"CONVEYOR__EXECUTOR__EXCLUSIVE_DUTIES": "true" if i % 2 else "false"}
         fleet.add("executor", f"e{i}", ["executor"], {**env, **exclusive})
+    # The webhooks' door (never killed: the injector picks only executors and workers).
+    api_env = {**env, "CONVEYOR__API__HOST": "127.0.0.1", "CONVEYOR__API__PORT": str(automation.free_port())}
+    fleet.add("api", "api", ["api"], api_env)
     for i in range(1, config.workers + 1):
         name = f"chaos-w{i}"
         args = ["worker", "--name", name, "--import", "chaos.actions", "--concurrency", str(config.concurrency)]
@@ -203,6 +209,13 @@ def _build_fleet(config: ChaosConfig, env: dict[str, str], log_dir: Path, rng: r
                 f"{point('workflow.after_child_row')}@{rng.randint(10, 30)}",
                 f"{point('workflow.before_commit')}@{rng.randint(10, 30)}",
             ]
+        # The rules' event pass and the schedules' slot pass, one point of each in a random
+        # order (e1's first two incarnations).
+        firsts = [f"{point(rng.choice(automation.EVENT_POINTS))}@{rng.randint(5, 20)}",
+                  f"{point(rng.choice(automation.SCHEDULE_POINTS))}@{rng.randint(5, 15)}"]  # fmt: skip
+        rng.shuffle(firsts)
+        if config.executors > 2:
+            fleet.failpoint_plan["e1"] = firsts
         worker_point = point("worker.before_result_commit")
         fleet.failpoint_plan[f"chaos-w{config.workers}"] = [f"{worker_point}@{rng.randint(30, 50)}"]
     return fleet
@@ -226,8 +239,9 @@ def _start_all(fleet: Fleet, rabbitmq: bool) -> None:
         fleet.start(member)
     for member in fleet.members.values():
         inc = member.current
-        inc.proc.wait_for_log("executor started" if member.role == "executor" else "worker registered", timeout=90)
-        if rabbitmq:
+        started = {"executor": "executor started", "worker": "worker registered", "api": "API listening"}
+        inc.proc.wait_for_log(started[member.role], timeout=90)
+        if rabbitmq and member.role != "api":
             inc.proc.wait_for_log("connected to RabbitMQ", timeout=60)
 
 
@@ -249,6 +263,7 @@ def _settled(url: str, rabbitmq: bool, fleet: Fleet) -> Callable[[], bool]:
                 "OR last_heartbeat < now() - make_interval(secs => stale_after)",
             ]
             queries.append("SELECT count(*) AS n FROM workflow_event")  # replays of ended ones consumed
+            queries.append("SELECT count(*) AS n FROM event_pending")  # every event enforced
             if rabbitmq:
                 queries.append("SELECT count(*) AS n FROM outbox")
             live = [m.current.pid for m in fleet.members.values()]
@@ -286,6 +301,7 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         policies = reporting.ensure_policies(db_url)
         with connect(db_url) as conn:
             chaos_workflows.register(conn)  # their actions exist now: the workers registered them
+        automation.set_up(db_url)
 
         monitor = Monitor(db_url, rabbitmq)
         injector = Injector(fleet, db_url, rng.randrange(1 << 30), config.timing, {"executor": 1, "worker": 2})
@@ -298,12 +314,17 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         canceller = Canceller(db_url, config.cancel_every, rng.randrange(1 << 30))
         notify_dupes = NotifyDuplicator(db_url)
         bot = chaos_workflows.InquiryBot(db_url)  # answers until the end: workflows wait on it
+        sender = automation.WebhookSender(
+            automation.api_url(fleet.members["api"].env), config.webhook_rate, rng.randrange(1 << 30)
+        )
+        emitter = automation.EventEmitter(db_url, config.event_rate, rng.randrange(1 << 30))
         broker_dupes = (
             BrokerDuplicator(config.rabbitmq_url, db_url, config.mq_prefix, rng.randrange(1 << 30))
             if rabbitmq
             else None
         )
         threads = [t for t in (monitor, injector, outages, submitter, canceller, notify_dupes, broker_dupes, bot) if t]
+        threads += [sender, emitter]
         began = time.time()
         injector.chaos.set()
         outages.begin.set()
@@ -314,6 +335,8 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
 
         submitter.stop.set()
         canceller.stop.set()
+        sender.stop.set()
+        emitter.stop.set()
         notify_dupes.stop.set()
         if broker_dupes is not None:
             broker_dupes.stop.set()
@@ -322,6 +345,9 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
         outages.join(timeout=300)  # a broker restart under way finishes (it always starts the broker again)
         submitter.join(timeout=30)
         canceller.join(timeout=30)
+        sender.join(timeout=30)
+        emitter.join(timeout=30)
+        _wait(lambda: automation.pause_schedules(db_url), 30, 0.5)  # nothing more requested
         progress(f"chaos: over; {len(submitter.confirmed)} executions requested, waiting for them to end")
 
         def all_terminal() -> bool:
@@ -357,6 +383,8 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
                 submitter=submitter,
                 canceller=canceller,
                 bot=bot,
+                sender=sender,
+                emitter=emitter,
                 notify_dupes=notify_dupes,
                 broker_dupes=broker_dupes,
                 policies=policies,

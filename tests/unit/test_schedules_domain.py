@@ -134,6 +134,15 @@ def test_plan_overlap() -> None:
     ] * 2
 
 
+def test_plan_buffered_slot_goes_first() -> None:
+    # buffer_one: the run a slot waited for has ended (nothing running) but the waiting slot
+    # is not released yet (released after the pass). The next due slot must not fire ahead
+    # of it -- it would leave the waiting slot buffered for good (found by the chaos suite).
+    now = T0 + timedelta(milliseconds=1)
+    p = plan(every_second(overlap="buffer_one"), T0 - timedelta(microseconds=1), now, running=None, buffered=True)
+    assert [d.action for d in p.decisions] == ["skip"]
+
+
 def test_plan_limited_pass_stays_due() -> None:
     p = plan(every_second(catchup="all"), T0 - timedelta(microseconds=1), T0 + timedelta(seconds=9), limit=4)
     assert len(p.decisions) == 4

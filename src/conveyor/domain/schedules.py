@@ -344,7 +344,8 @@ def plan(
     fire; later ones follow the catch-up policy: ``skip`` fires none, ``latest`` the
     newest one within catchup_window, ``all`` every one within it; the others are
     missed. Then overlap, on the slots that fire, in order: ``skip`` fires one only if
-    nothing runs; ``buffer_one`` buffers one more; ``cancel_previous`` fires only the last
+    nothing runs; ``buffer_one`` buffers one more (and fires none while one waits);
+    ``cancel_previous`` fires only the last
     (cancelling ``running``); ``allow`` fires all. At most ``limit`` slots: the next fire
     time is then already due, and the next pass goes on."""
     due: list[datetime] = []
@@ -383,7 +384,9 @@ def _overlap(
         for i in firing[:-1]:
             out[i] = Decision(out[i].slot, out[i].origin, SKIP)
         return out, running
-    busy, waiting = running is not None, buffered
+    # A waiting slot (buffer_one) is next in line even once its run has ended: it is
+    # released after this pass, so a new slot must not fire ahead of it.
+    busy, waiting = running is not None or (policy == "buffer_one" and buffered), buffered
     for i in firing:
         if not busy:
             busy = True  # fires; what follows in this pass overlaps it

@@ -139,6 +139,12 @@ def _base() -> tuple[Any, Any]:
     return engine, context
 
 
+def ready() -> None:
+    """Build the engine now (once per process: 0.3-1 s on a busy machine), so that it is not
+    charged to the first expression's time bound."""
+    _base()
+
+
 @functools.lru_cache(maxsize=4096)
 def parse(text: str) -> Any:
     """The parsed expression (raises yaql's exceptions on a syntax error)."""

@@ -55,6 +55,7 @@ def evaluate(value: Any, scope: Scope, limits: Limits = DEFAULT_LIMITS) -> Any:
     """``value`` with every expression in it evaluated in ``scope`` (see the module doc).
 
     Raises :class:`ExpressionError` and nothing else."""
+    _expr_yaql.ready()  # before the clock starts: the engine is built once, not per expression
     try:
         ev = begin(scope, limits)
     except Refused as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -201,3 +203,17 @@ def test_syntax_errors_parse_without_evaluating() -> None:
     assert "empty expression" in errors[4]
     # Evaluating would fail (unknown task), parsing does not.
     assert syntax_errors("<% task(nope).result %> {{ ctx('x') }}") == []
+
+
+def test_first_yaql_evaluation_not_charged_the_engine_build() -> None:
+    # Building YAQL's engine (once per process, cached) takes 0.3-1 s on a busy machine; it
+    # must not count against an expression's time bound, or the first template an executor
+    # renders after it starts is refused (found by the chaos suite: a rule's enforcement
+    # recorded template_error "took longer than 1 s", for good). A fresh process: the engine
+    # cannot be built twice in one.
+    code = (
+        "from conveyor.workflows.expressions import Limits, Scope, evaluate\n"
+        "print(evaluate('<% $.a %>', Scope(ctx={'a': 3}), Limits(seconds=0.05)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "3"), done.stderr[-500:]
