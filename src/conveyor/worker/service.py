@@ -196,6 +196,24 @@ class WorkerService:
     def _start(self, row: ClaimedRun) -> None:
         run = self._runs.add(row.id, row.attempt, row.settings)
         run.task = self._spawn(self._execute(run, row), f"execution-{row.id}")
+        run.task.add_done_callback(lambda task: self._cancelled_before_start(run, task))
+
+    def _cancelled_before_start(self, run: Run, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never enters ``_execute``: neither its
+        ``except CancelledError`` nor its ``finally`` runs. Without this, a run claimed just
+        before the worker lost its standing (or a user's cancel landed) stayed "running" in
+        the worker's books -- never released to recovery, never recorded, holding a slot --
+        and in the database, on a worker that is alive, so no sweep ever took it back (found
+        by the chaos suite). Registered before anyone else awaits the task, so it runs
+        before ``_stop_everything``'s gather returns."""
+        if not task.cancelled() or self._runs.get(run.execution_id, run.attempt) is not run:
+            return  # it ran: _execute settled its books
+        if run.state is RunState.CANCELLING:  # a user's cancel: recorded cancelled, as _execute does
+            self._runs.finished(run)
+            self._results.put(_cancelled(run.execution_id, run.attempt))
+        else:  # this worker stopping it: released like any stopped run
+            run.state = RunState.STOPPED
+        self._bell.ring()
 
     async def _honour_cancellations(self) -> None:
         """Executions of this worker whose cancellation was asked (status canceling): stop
