@@ -126,8 +126,10 @@ def api_schema(db_url: str, existing: dict[str, Any], admin_headers: dict[str, s
 # The event stream never ends by itself (test_api_stream.py reads it); revoking a token may revoke
 # the one these requests use (test_api_auth.py covers revocation).
 EXCLUDED = {("GET", "/api/v1/executions/stream"), ("DELETE", "/api/v1/tokens/{token_id}")}
+# 10 examples per operation and mode: the sweep covers every route (about 90 operations with
+# issue #13's); the doors with their own fuzzers (events, webhooks, rules, schedules) get more there.
 SETTINGS = hypothesis.settings(
-    max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None,
+    max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None,
     phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],  # no shrinking: report the first failure
 )  # fmt: skip
 
