@@ -23,6 +23,29 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SCHEMA = "conveyor"
 
 
+# -- running in parallel (pytest-xdist, ``-n auto`` in pyproject.toml) ------------------
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Twice the cores, at most 6: most of a test's time is spent waiting on the processes
+    and servers it drives, not on a core (PYTEST_XDIST_AUTO_NUM_WORKERS overrides)."""
+    explicit = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if explicit.isdigit():
+        return int(explicit)
+    return max(2, min(6, 2 * (os.cpu_count() or 1)))
+
+
+_FIRST = ("chaos", "acceptance", "integration")  # the longest tests first: see pyproject.toml
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        parts = item.path.parts
+        return next((i for i, folder in enumerate(_FIRST) if folder in parts), len(_FIRST))
+
+    items.sort(key=rank)  # stable: within a folder, the collection order
+
+
 def _with_database(url: str, database: str) -> str:
     return psycopg.conninfo.make_conninfo(url, dbname=database)
 

@@ -33,9 +33,20 @@ def rabbitmqctl_problem() -> str | None:
     return None
 
 
+# The broker ``rabbitmqctl`` and the connection helpers talk to: the shared one unless a
+# test made its own (:func:`private_broker.private_broker` sets these for its block; tests
+# run one at a time in a process, so a module global is enough).
+TARGET: dict[str, Any] = {"node": None, "port": AMQP_PORT}
+
+
+def _ctl(*args: str) -> list[str]:
+    node = TARGET["node"]
+    return ["rabbitmqctl", *(("-n", node) if node else ()), *args]
+
+
 def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
     done = subprocess.run(
-        ["rabbitmqctl", *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+        _ctl(*args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
@@ -133,8 +144,9 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def broker_client_ports(pids: Iterable[int], port: int = AMQP_PORT) -> set[int]:
+def broker_client_ports(pids: Iterable[int], port: int | None = None) -> set[int]:
     """Local ports of the established TCP connections to the broker's port held by ``pids``."""
+    port = int(TARGET["port"]) if port is None else port
     ports: set[int] = set()
     for pid in pids:
         inodes = _socket_inodes(pid)
@@ -175,7 +187,7 @@ def close_connections(found: list[dict[str, Any]], reason: str = "test") -> list
     # All at once (each rabbitmqctl call takes most of a second).
     running = [
         subprocess.Popen(
-            ["rabbitmqctl", "close_connection", str(c["pid"]), reason],
+            _ctl("close_connection", str(c["pid"]), reason),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

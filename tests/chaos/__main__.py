@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .faults import Timing
-from .harness import ChaosConfig, Unavailable, run_chaos
+from .harness import ChaosConfig, Unavailable
+from .own_broker import run_chaos_own_broker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         log_dir=args.log_dir,
     )
     try:
-        result = run_chaos(config, progress=lambda text: print(text, file=sys.stderr, flush=True))
+        result = run_chaos_own_broker(config, progress=lambda text: print(text, file=sys.stderr, flush=True))
     except Unavailable as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness import ChaosConfig, Unavailable, run_chaos
+from .harness import ChaosConfig, Unavailable
+from .own_broker import run_chaos_own_broker
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -19,7 +20,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def test_chaos(transport: str, tmp_path: Path) -> None:
     config = ChaosConfig(transport=transport, duration=35.0, rate=40.0, log_dir=tmp_path / "chaos", settle_timeout=90)
     try:
-        result = run_chaos(config)
+        result = run_chaos_own_broker(config)
     except Unavailable as exc:
         if IN_CI:
             pytest.fail(f"{exc} (CI=true: a missing service fails the run)")
