@@ -136,3 +136,8 @@ def test_core_pack() -> None:
     assert refs == ["core.echo", "core.local", "core.noop", "core.sleep"]
     for definition in core:
         jsonschema.Draft202012Validator.check_schema(definition.parameters_schema)
+
+
+def test_registry_refuses_a_ref_with_a_final_newline() -> None:
+    with pytest.raises(ValueError, match=r"must look like pack\.name"):
+        ActionRegistry().action("pack.name\n")(lambda: None)

@@ -3,6 +3,8 @@ templates rendered from the event."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conveyor.domain.errors import InvalidRuleError
@@ -121,3 +123,14 @@ def test_malformed_paths_are_refused(key: str) -> None:
     doc = {"ref": "a.b", "trigger": "t", "action": {"ref": "x.y"}, "criteria": {key: {"type": "exists"}}}
     with pytest.raises(InvalidRuleError, match="a criteria key is a path"):
         parse.parse(doc)
+
+
+@pytest.mark.parametrize(("field", "value"), [("ref", "a.b\n"), ("trigger", "t\n")])
+def test_a_final_newline_is_not_a_name(field: str, value: str) -> None:
+    """``re.match`` with ``$`` accepts a final newline; the database's CHECK did not, so
+    such a rule got as far as the INSERT (a 500 from the API). Refused here, with its path."""
+    rule = {"ref": "a.b", "trigger": "t", "action": {"ref": "core.noop"}}
+    rule[field] = value
+    with pytest.raises(InvalidRuleError) as caught:
+        parse.load(json.dumps(rule))
+    assert [path for _, path, _ in caught.value.problems] == [field]

@@ -187,7 +187,7 @@ class ActionRegistry:
         self._actions: dict[str, ActionDefinition] = {}
 
     def add(self, definition: ActionDefinition) -> ActionDefinition:
-        if not _REF.match(definition.ref):
+        if not _REF.fullmatch(definition.ref):
             raise ValueError(f"action ref {definition.ref!r} must look like pack.name")
         jsonschema.Draft202012Validator.check_schema(definition.parameters_schema)
         existing = self._actions.get(definition.ref)

@@ -83,7 +83,7 @@ def _ref(doc: Mapping[str, Any], problems: Problems) -> str:
     if not isinstance(ref, str) or not ref:
         problems.append(("ref", "required: a ref (or pack and name)"))
         return ""
-    if len(ref) > 255 or not REF.match(ref):
+    if len(ref) > 255 or not REF.fullmatch(ref):
         problems.append(("ref", f"{ref!r} is not a ref (letters, digits, _ and -, one optional pack. prefix)"))
     return ref
 
@@ -97,7 +97,7 @@ def _trigger(value: Any, problems: Problems) -> str:
     if not isinstance(value, str) or not value:
         problems.append((path, "required: the name of a trigger"))
         return ""
-    if len(value) > 255 or not REF.match(value):
+    if len(value) > 255 or not REF.fullmatch(value):
         problems.append((path, f"{value!r} is not a trigger name"))
     return value
 

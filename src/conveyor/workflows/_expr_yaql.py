@@ -86,9 +86,9 @@ def _format(template: str, *args: Any, **kwargs: Any) -> str:
     for _, field, spec, _ in string.Formatter().parse(template):
         if field is None:
             continue
-        if not _FIELD.match(field):
+        if not _FIELD.fullmatch(field):
             raise Refused(f"format field {{{field}}}: only positions and names are allowed")
-        if spec and (not _SPEC.match(spec) or any(int(w) > ev.limits.max_bytes for w in _WIDTH.findall(spec))):
+        if spec and (not _SPEC.fullmatch(spec) or any(int(w) > ev.limits.max_bytes for w in _WIDTH.findall(spec))):
             raise Refused(f"format spec {spec!r} is not allowed")
     try:
         return template.format(*args, **kwargs)

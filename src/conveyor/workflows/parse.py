@@ -113,7 +113,7 @@ class _Reader:
         if not ref:
             self.problem("ref", "no ref: the file has no `ref:` and none was given (--ref)")
             return ""
-        if not REF.match(ref):
+        if not REF.fullmatch(ref):
             self.problem("ref", f"{ref!r} is not a ref (pack.name)")
         return ref
 
@@ -142,7 +142,7 @@ class _Reader:
             else:
                 self.problem(path, "must be a name or {name: default}")
                 continue
-            if not isinstance(name, str) or not _NAME.match(name):
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
                 self.problem(path, f"{name!r} is not a valid input name")
             elif any(existing.name == name for existing in out):
                 self.problem(path, f"input {name!r} is declared twice")
@@ -200,7 +200,7 @@ class _Reader:
         out: dict[str, TaskSpec] = {}
         for name, body in (tasks or {}).items():
             path = join("tasks", str(name))
-            if not isinstance(name, str) or not _NAME.match(name):
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
                 self.problem(path, f"{name!r} is not a valid task name")
                 continue
             if name in COMMANDS:
@@ -246,7 +246,7 @@ class _Reader:
         except ShorthandError as exc:
             self.problem(path, str(exc))
             return value.split()[0], {}
-        if not REF.match(ref):
+        if not REF.fullmatch(ref):
             self.problem(path, f"{ref!r} is not an action ref (pack.name)")
         return ref, inline
 

@@ -69,6 +69,16 @@ async def test_every_problem_with_its_path(api: Api) -> None:
     assert await api.sql("SELECT * FROM rule") == []
 
 
+async def test_a_name_with_a_final_newline_is_a_422_not_a_500(api: Api) -> None:
+    await setup(api)
+    for rule in ({"ref": "a.b\n", "trigger": "test.push", "action": {"ref": "core.noop"}},
+                 {"ref": "a.b", "trigger": "test.push\n", "action": {"ref": "core.noop"}}):  # fmt: skip
+        r = await api.post("/api/v1/rules", json=rule)
+        error_of(r, 422)
+        assert [p["path"] for p in r.json()["problems"]] in (["ref"], ["trigger"])
+    assert await api.sql("SELECT * FROM rule") == []
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 async def test_any_body_is_a_4xx_or_a_rule(api: Api, body: bytes) -> None:

@@ -224,3 +224,14 @@ def test_vars_and_output_accept_a_mapping_and_publish_a_mapping() -> None:
     assert spec.output == (("o", "<% ctx(a) %>"),)
     assert spec.tasks["t"].next[0].publish == (("p", 1), ("q", 2))
     assert spec.tasks["t"].action is None
+
+
+def test_a_task_name_with_a_final_newline_is_refused() -> None:
+    """``re.match`` with ``$`` accepts a final newline (a 500 at the INSERT before)."""
+    with pytest.raises(WorkflowError):
+        parse_workflow(yaml.safe_dump({"tasks": {"a\n": {"action": "core.noop"}}}), ref="t.wf")
+
+
+def test_a_workflow_ref_with_a_final_newline_is_refused() -> None:
+    with pytest.raises(WorkflowError):
+        parse_workflow(yaml.safe_dump({"tasks": {"a": {"action": "core.noop"}}}), ref="t.wf\n")
