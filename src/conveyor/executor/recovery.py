@@ -2,6 +2,9 @@
 
 - the sweep: dead workers marked inactive (stale heartbeat, or liveness lock gone), their
   scheduled work handed back, their running work run again or abandoned per policy;
+- the watch: a cheap query, asked often, that starts a sweep at once when a worker's
+  liveness session has left pg_stat_activity -- a killed worker is judged within one
+  watch interval, not one sweep interval plus lock_grace;
 - the schedule-to-start monitor: scheduled work never started is moved to another
   worker a bounded number of times, then failed with the seeds' message.
 """
@@ -70,8 +73,11 @@ class Recovery:
         _count_sweep(dead, back, moved)
         for w in dead:
             age = w["heartbeat_age"]
-            if w["lock_lost"]:
-                reason = f"liveness lock released: process gone (last heartbeat {age:.1f}s ago)"
+            if w["lock_lost"] and w["process_gone"]:
+                reason = f"liveness lock released: process gone, no session left (last heartbeat {age:.1f}s ago)"
+            elif w["lock_lost"]:
+                reason = (f"liveness lock released: process gone, lock not re-taken within its lock_grace "
+                          f"(last heartbeat {age:.1f}s ago)")  # fmt: skip
             else:
                 reason = f"heartbeat is stale ({age:.0f}s old)" if age is not None else "never sent a heartbeat"
             log.warning(
@@ -92,6 +98,14 @@ class Recovery:
             log.warning("recovered execution from a lost worker", execution_id=m["id"], attempt=was["attempt"],
                         worker=was["worker_name"], worker_id=was["worker"], status=m["status"])  # fmt: skip
         return {"dead": len(dead), "handed_back": len(back), "requeued": len(requeued), "ended": len(ended)}
+
+    async def watch(self) -> dict[str, int]:
+        """Sweep now if an active worker's liveness session is gone (it died, or its
+        session alone dropped: the sweep tells which); else nothing. One cheap statement
+        per call: what makes a frequent recovery.watch_interval affordable."""
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(Q["liveness_missing"])).fetchone()
+        return await self.sweep() if row and row["missing"] else {}
 
     async def check_scheduled_timeouts(self) -> dict[str, int]:
         """Scheduled but never started within the schedule-to-start timeout: move it to

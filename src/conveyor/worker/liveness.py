@@ -52,7 +52,7 @@ from psycopg.rows import dict_row
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.status import WorkerStatus
-from conveyor.store.db import conninfo_kwargs, server_restarting
+from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -84,6 +84,7 @@ class Liveness:
             **registration,
             "stale_after": cfg.staleness,
             "lock_grace": cfg.lock_grace,
+            "session_tag": PROCESS_TAG,  # the tag of every session this process opens
             "status": WorkerStatus.ACTIVE,
         }
         self._on_lost = on_lost
