@@ -166,11 +166,16 @@ def next_attempt_started(conn: psycopg.Connection[dict[str, Any]], eid: int, tim
     return wait_until(f"execution {eid}'s second attempt to start", started, timeout=timeout, interval=0.005)
 
 
-def first_attempt_ended(conn: psycopg.Connection[dict[str, Any]], eid: int) -> datetime:
-    row = conn.execute("SELECT ended FROM execution_attempt WHERE execution = %s AND attempt = 1", (eid,)).fetchone()
-    if row is None or row["ended"] is None:
-        raise SystemExit(f"execution {eid}'s first attempt is not closed")
-    return row["ended"]  # type: ignore[no-any-return]
+def handover(conn: psycopg.Connection[dict[str, Any]], eid: int) -> tuple[datetime, datetime]:
+    """When the lost attempt was closed (the sweep's transaction) and the next one placed."""
+    row = conn.execute(
+        "SELECT (SELECT ended FROM execution_attempt WHERE execution = %(e)s AND attempt = 1) AS ended,"
+        " (SELECT scheduled FROM execution_attempt WHERE execution = %(e)s AND attempt = 2) AS placed",
+        {"e": eid},
+    ).fetchone()
+    if row is None or row["ended"] is None or row["placed"] is None:
+        raise SystemExit(f"execution {eid}: first attempt not closed or second not placed")
+    return row["ended"], row["placed"]
 
 
 def reference(url: str, n: int = 500) -> dict[str, float]:
@@ -214,8 +219,9 @@ def pct(values: list[float], p: float) -> float:
 # -- 1. SIGKILL ------------------------------------------------------------------------------
 
 
-def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[tuple[float, float]]:
-    """Per run: (kill -> new attempt started, kill -> lost attempt closed), in seconds."""
+def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[tuple[float, float, float]]:
+    """Per run, from the kill to: the new attempt started, the lost attempt closed, the new
+    attempt placed on B (seconds)."""
     figures = []
     with connect(url) as conn, Client(url, SCHEMA) as client:
         for i in range(runs):
@@ -229,11 +235,12 @@ def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[tuple
             started = next_attempt_started(conn, eid, timeout=threshold + 60)
             a.wait(10)
             figure = (started - killed).total_seconds()
-            detected = (first_attempt_ended(conn, eid) - killed).total_seconds()
-            figures.append((figure, detected))
+            ended, placed = handover(conn, eid)
+            detected, scheduled = (ended - killed).total_seconds(), (placed - killed).total_seconds()
+            figures.append((figure, detected, scheduled))
             print(
                 f"  SIGKILL run {i + 1}/{runs}: next attempt started {figure * 1000:.0f} ms after the kill "
-                f"(lost attempt closed after {detected * 1000:.0f} ms)",
+                f"(lost attempt closed after {detected * 1000:.0f} ms, next placed after {scheduled * 1000:.0f} ms)",
                 flush=True,
             )
     return figures
@@ -345,7 +352,7 @@ def main() -> None:
     env["DATABASE_URL"] = url
     logdir = Path(tempfile.mkdtemp(prefix="conveyor-bench-recovery-"))
     fleet = Fleet(env, logdir)
-    kills: list[tuple[float, float]] = []
+    kills: list[tuple[float, float, float]] = []
     cuts: list[dict[str, Any]] = []
     try:
         fleet.start("executor", ["executor"])
@@ -384,7 +391,8 @@ def main() -> None:
         for label, values in (
             ("SIGKILL -> next attempt started", [k[0] for k in kills]),
             ("  of which detection (kill -> lost attempt closed)", [k[1] for k in kills]),
-            ("  and restart (lost attempt closed -> next attempt started)", [k[0] - k[1] for k in kills]),
+            ("  then placement (lost attempt closed -> next placed on B)", [k[2] - k[1] for k in kills]),
+            ("  then start (placed -> started on B)", [k[0] - k[2] for k in kills]),
         ):
             ms = sorted(v * 1000 for v in values)
             print(

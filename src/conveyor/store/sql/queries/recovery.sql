@@ -68,18 +68,21 @@ RETURNING w.id, w.name,
 
 -- name: liveness_missing
 -- The recovery watch's frequent question (recovery.watch_interval): has an active
--- worker's liveness session gone from pg_stat_activity? Cheap -- pg_stat_activity
--- copies the backends' status array, where pg_locks takes every lock-table partition
--- lock -- and only a trigger: the sweep it starts judges by the lock and every session
--- (deactivate_dead_workers). Rows with no tag (older workers) wait for the sweep.
+-- worker's liveness session gone from pg_stat_activity? Only a trigger -- the sweep it
+-- starts judges by the lock and every session (deactivate_dead_workers) -- so it is
+-- kept cheap: pg_stat_activity copies the backends' status array (pg_locks would take
+-- every lock-table partition lock), read once (MATERIALIZED), the epoch looked up once.
+-- Rows with no tag (older workers) wait for the periodic sweep.
+WITH live AS MATERIALIZED (
+    SELECT s.application_name FROM pg_stat_get_activity(NULL) s
+    WHERE s.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND s.application_name LIKE 'conveyor-worker-liveness [%'
+)
 SELECT EXISTS (
     SELECT 1 FROM worker w
     WHERE w.status IN ('active', 'draining') AND w.session_tag IS NOT NULL
-      AND w.lock_epoch = current_server_epoch() AND w.registered_at < statement_timestamp()
-      AND NOT EXISTS (
-          SELECT 1 FROM pg_stat_activity s
-          WHERE s.datname = current_database()
-            AND strpos(s.application_name, 'conveyor-worker-liveness [' || w.session_tag || ']') > 0)
+      AND w.lock_epoch = (SELECT current_server_epoch()) AND w.registered_at < statement_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM live WHERE strpos(live.application_name, '[' || w.session_tag || ']') > 0)
 ) AS missing;
 
 -- name: hand_back_scheduled
