@@ -5,7 +5,10 @@ transaction that marks its row active, then heartbeats. The executors read two
 signals from it:
 
 - the lock: when the process dies the kernel closes the socket, PostgreSQL drops
-  the session and the lock with it, and the worker is dead *now*;
+  the session and the lock with it, and the worker is dead *now* -- told from a
+  session dropped alone by the process's other sessions (its pool, its listener),
+  which carry the same tag in their application_name (store/db.py, migration 0023):
+  a dead process has none left, a live one keeps its lock_grace;
 - the heartbeat: older than the worker's own ``stale_after`` (interval x multiplier)
   means dead even when the lock lingers (a partition, a hung process). Keepalives on
   both ends of this connection make the server drop a vanished host's session after
