@@ -42,7 +42,7 @@ WITH held AS (
       AND l.classid = worker_lock_class()::oid
 ), alive AS (
     -- The process tags ("... [tag]", conveyor.store.db.tagged) of this database's sessions.
-    SELECT DISTINCT substring(s.application_name FROM '\[([0-9a-f]+)\]') AS tag
+    SELECT DISTINCT substring(s.application_name FROM '\[([0-9a-f]{12})\]') AS tag
     FROM pg_stat_activity s WHERE s.datname = current_database()
 )
 UPDATE worker w SET status = 'inactive'
