@@ -30,7 +30,8 @@ RECONNECT_TIMEOUT = 5.0
 # and recorded by a worker when it registers (migration 0023). A process that dies
 # loses all its sessions at once; a liveness session dropped alone leaves the others:
 # "lock gone and no session of that tag left" is a dead worker, judged without waiting
-# out lock_grace. Random, not host and pid: a restarted container reuses both.
+# out lock_grace. Random, not host and pid: a restarted container reuses both. 12
+# lowercase hex digits: what the sweep's pattern (recovery.sql) extracts.
 PROCESS_TAG = secrets.token_hex(6)
 
 
