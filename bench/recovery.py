@@ -1,7 +1,7 @@
 """Recovery benchmark (not a test): how soon a running execution starts again on another
 worker after its worker dies or is cut off.
 
-    python bench/recovery.py [--url postgresql://postgres@127.0.0.1/postgres] [--runs 10] [--cut-runs 3]
+    python bench/recovery.py [--url postgresql://postgres@127.0.0.1/postgres] [--runs 20] [--cut-runs 3]
                              [--heartbeat-interval 10] [--skip-kill] [--skip-cut]
 
 Starts one `conveyor executor` and a standby `conveyor worker` (B) as real processes
@@ -166,6 +166,39 @@ def next_attempt_started(conn: psycopg.Connection[dict[str, Any]], eid: int, tim
     return wait_until(f"execution {eid}'s second attempt to start", started, timeout=timeout, interval=0.005)
 
 
+def handover(conn: psycopg.Connection[dict[str, Any]], eid: int) -> tuple[datetime, datetime]:
+    """When the lost attempt was closed (the sweep's transaction) and the next one placed."""
+    row = conn.execute(
+        "SELECT (SELECT ended FROM execution_attempt WHERE execution = %(e)s AND attempt = 1) AS ended,"
+        " (SELECT scheduled FROM execution_attempt WHERE execution = %(e)s AND attempt = 2) AS placed",
+        {"e": eid},
+    ).fetchone()
+    if row is None or row["ended"] is None or row["placed"] is None:
+        raise SystemExit(f"execution {eid}: first attempt not closed or second not placed")
+    return row["ended"], row["placed"]
+
+
+def reference(url: str, n: int = 500) -> dict[str, float]:
+    """Measured in the same run, so a slow machine shows as such: the round trip of
+    SELECT 1, and of the query an executor's watch asks every recovery.watch_interval
+    (its cost per replica), each p50 over ``n`` runs, in ms."""
+    from conveyor.store.queries import Q
+
+    out = {"watch query": float("nan")}  # no watch before migration 0022 (a baseline run)
+    queries = {"select 1": "SELECT 1", "watch query": Q.get("liveness_missing")}
+    with connect(url) as conn:
+        for name, query in queries.items():
+            if query is None:
+                continue
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                conn.execute(query).fetchone()
+                times.append((time.perf_counter() - t) * 1000)
+            out[name] = statistics.median(times)
+    return out
+
+
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+Z) ")
 
 
@@ -189,7 +222,9 @@ def pct(values: list[float], p: float) -> float:
 # -- 1. SIGKILL ------------------------------------------------------------------------------
 
 
-def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[float]:
+def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[tuple[float, float, float]]:
+    """Per run, from the kill to: the new attempt started, the lost attempt closed, the new
+    attempt placed on B (seconds)."""
     figures = []
     with connect(url) as conn, Client(url, SCHEMA) as client:
         for i in range(runs):
@@ -203,9 +238,13 @@ def kill_runs(url: str, fleet: Fleet, runs: int, threshold: float) -> list[float
             started = next_attempt_started(conn, eid, timeout=threshold + 60)
             a.wait(10)
             figure = (started - killed).total_seconds()
-            figures.append(figure)
+            ended, placed = handover(conn, eid)
+            detected, scheduled = (ended - killed).total_seconds(), (placed - killed).total_seconds()
+            figures.append((figure, detected, scheduled))
             print(
-                f"  SIGKILL run {i + 1}/{runs}: next attempt started {figure * 1000:.0f} ms after the kill", flush=True
+                f"  SIGKILL run {i + 1}/{runs}: next attempt started {figure * 1000:.0f} ms after the kill "
+                f"(lost attempt closed after {detected * 1000:.0f} ms, next placed after {scheduled * 1000:.0f} ms)",
+                flush=True,
             )
     return figures
 
@@ -283,7 +322,7 @@ def main() -> None:
     parser.add_argument(
         "--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
     )
-    parser.add_argument("--runs", type=int, default=10, help="SIGKILL runs")
+    parser.add_argument("--runs", type=int, default=20, help="SIGKILL runs")
     parser.add_argument("--cut-runs", type=int, default=3, help="cut-link runs (each takes about the threshold)")
     parser.add_argument(
         "--heartbeat-interval", type=float, default=None, help="worker.heartbeat_interval (default: the product's)"
@@ -308,6 +347,7 @@ def main() -> None:
     heartbeat = worker_cfg.heartbeat_interval
     threshold = worker_cfg.staleness
     sweep = recovery_cfg.sweep_interval
+    watch = getattr(recovery_cfg, "watch_interval", "-")  # "-": a baseline run, before the watch
 
     url = fresh_database(args.url, DATABASE)
     with connect(url) as conn:
@@ -316,7 +356,7 @@ def main() -> None:
     env["DATABASE_URL"] = url
     logdir = Path(tempfile.mkdtemp(prefix="conveyor-bench-recovery-"))
     fleet = Fleet(env, logdir)
-    kills: list[float] = []
+    kills: list[tuple[float, float, float]] = []
     cuts: list[dict[str, Any]] = []
     try:
         fleet.start("executor", ["executor"])
@@ -327,6 +367,7 @@ def main() -> None:
             kills = kill_runs(url, fleet, args.runs, threshold)
         if not args.skip_cut:
             cuts = cut_runs(url, fleet, args.cut_runs, heartbeat, threshold, netns)
+        ref = reference(url)
     finally:
         fleet.close()
         with contextlib.suppress(psycopg.Error), psycopg.connect(args.url, autocommit=True) as conn:
@@ -340,17 +381,29 @@ def main() -> None:
         f"{'' if overrides else ' (default)'}, heartbeat_staleness_multiplier="
         f"{worker_cfg.heartbeat_staleness_multiplier:g} -> threshold {threshold:g} s, "
         f"self_fence_after {worker_cfg.self_fence_after:g} s, lock_grace {worker_cfg.lock_grace:g} s; "
-        f"recovery.sweep_interval={sweep:g} s, "
+        f"recovery.sweep_interval={sweep:g} s, recovery.watch_interval={watch} s, "
         f"executor.poll_interval={executor_cfg.poll_interval:g} s, "
         f"worker.poll_interval={worker_cfg.poll_interval:g} s (defaults)"
     )
     print("  processes: 1 executor, standby worker B, worker A (restarted for each SIGKILL run)")
+    print(
+        f"  reference (same run, p50 of 500 round trips on one connection): SELECT 1 {ref['select 1']:.2f} ms, "
+        f"the watch query {ref['watch query']:.2f} ms (asked by each executor every "
+        f"{watch} s)"
+    )
     if kills:
-        ms = sorted(k * 1000 for k in kills)
-        print(
-            f"SIGKILL -> next attempt started ({len(ms)} runs, database clock): p50 {pct(ms, 50):.0f} ms, "
-            f"p95 {pct(ms, 95):.0f} ms, max {ms[-1]:.0f} ms; each: {', '.join(f'{k * 1000:.0f}' for k in kills)} ms"
-        )
+        for label, values in (
+            ("SIGKILL -> next attempt started", [k[0] for k in kills]),
+            ("  of which detection (kill -> lost attempt closed)", [k[1] for k in kills]),
+            ("  then placement (lost attempt closed -> next placed on B)", [k[2] - k[1] for k in kills]),
+            ("  then start (placed -> started on B)", [k[0] - k[2] for k in kills]),
+        ):
+            ms = sorted(v * 1000 for v in values)
+            print(
+                f"{label} ({len(ms)} runs, database clock): p50 {pct(ms, 50):.0f} ms, p95 {pct(ms, 95):.0f} ms, "
+                f"p99 {pct(ms, 99):.0f} ms, max {ms[-1]:.0f} ms"
+            )
+        print(f"  each (ms): {', '.join(f'{k[0] * 1000:.0f}' for k in kills)}")
     if cuts:
         bound = threshold + sweep
         print(

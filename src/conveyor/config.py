@@ -134,6 +134,12 @@ class WorkerSettings(_Section):
 
 class RecoverySettings(_Section):
     sweep_interval: float = Field(0.5, gt=0, description="seconds between dead-worker sweeps on each executor")
+    watch_interval: float = Field(
+        0.1,
+        gt=0,
+        description="seconds between checks for a worker whose liveness session is gone (one cheap query "
+        "on each executor; a sweep runs at once when one is)",
+    )
     on_worker_lost: Literal["retry", "abandon"] = Field(
         "retry", description="a running execution whose worker died: run it again, or abandon it"
     )

@@ -27,7 +27,7 @@ SCHEMA = "conveyor"
 
 _WORKER: dict[str, Any] = {
     "name": "w", "status": "active", "runtimes": ["python"], "actions": ["core.echo"], "capabilities": Jsonb({}),
-    "capacity": 5, "host": "h", "pid": 1, "version": "t", "stale_after": 30, "lock_grace": 0,
+    "capacity": 5, "host": "h", "pid": 1, "version": "t", "stale_after": 30, "lock_grace": 0, "session_tag": None,
 }  # fmt: skip
 
 

@@ -39,7 +39,7 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=list(H
 
 _WORKER: dict[str, Any] = {
     "name": "w", "status": "active", "runtimes": ["shell"], "actions": ["core.echo"], "capabilities": Jsonb({}),
-    "capacity": 1000, "host": "h", "pid": 1, "version": "t", "stale_after": 3600, "lock_grace": 0,
+    "capacity": 1000, "host": "h", "pid": 1, "version": "t", "stale_after": 3600, "lock_grace": 0, "session_tag": None,
 }  # fmt: skip
 
 

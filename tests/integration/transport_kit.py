@@ -49,7 +49,7 @@ def transport_settings(transport_kind: str, request: pytest.FixtureRequest) -> S
         message_queue={**mq, "rabbitmq": {"worker_queue_ttl_ms": 600, "worker_queue_expires_ms": 60_000}},
         dead_letter={"check_interval": 0.1, "max_deliveries": 3},
         executor={"poll_interval": 0.2, "scheduled_timeout_reschedules": 1, "timeout_check_interval": 3600},
-        recovery={"sweep_interval": 3600},
+        recovery={"sweep_interval": 3600, "watch_interval": 3600},
     )
 
 

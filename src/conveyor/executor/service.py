@@ -117,6 +117,10 @@ class ExecutorService:
             tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
                            name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
+            # Every replica asks (shared=False): one read-only statement, cheaper than the
+            # duty lock's round trips; the sweep it may start takes its own lock.
+            tg.create_task(self._every(stop, self.settings.recovery.watch_interval, self._watch, shared=False),
+                           name="executor-watch")  # fmt: skip
             cfg = self.settings.executor
             tg.create_task(self._every(stop, cfg.timeout_check_interval, self._recovery.check_scheduled_timeouts),
                            name="executor-scheduled-timeouts")  # fmt: skip
@@ -239,7 +243,12 @@ class ExecutorService:
         return await self._advancer.timeouts()
 
     async def _sweep(self) -> Any:
-        result = await self._recovery.sweep()
+        return self._reschedule(await self._recovery.sweep())
+
+    async def _watch(self) -> Any:
+        return self._reschedule(await self._recovery.watch())
+
+    def _reschedule(self, result: dict[str, int]) -> dict[str, int]:
         if result.get("requeued") or result.get("handed_back"):
             self._bell.ring()  # reschedule now, not at the next poll
         return result

@@ -3,6 +3,7 @@ runbook SQL run unqualified."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,21 @@ KEEPALIVES: Mapping[str, Any] = {
 
 RECONNECT_TIMEOUT = 5.0
 
+# This process's tag, carried by every session it opens (application_name "... [tag]")
+# and recorded by a worker when it registers (migration 0022). A process that dies
+# loses all its sessions at once; a liveness session dropped alone leaves the others:
+# "lock gone and no session of that tag left" is a dead worker, judged without waiting
+# out lock_grace. Random, not host and pid: a restarted container reuses both. 12
+# lowercase hex digits: what the sweep's pattern (recovery.sql) extracts.
+PROCESS_TAG = secrets.token_hex(6)
+
+
+def tagged(application_name: str) -> str:
+    """``application_name`` with this process's tag (PostgreSQL keeps 63 bytes of it:
+    the name is shortened so the tag survives)."""
+    suffix = f" [{PROCESS_TAG}]"
+    return application_name[: 63 - len(suffix)] + suffix
+
 
 def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
     # Server side: a session whose client vanished mid-transaction (a partition between a
@@ -35,7 +51,7 @@ def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
     )
     return {
         "options": server,
-        "application_name": application_name,
+        "application_name": tagged(application_name),
         **KEEPALIVES,
     }
 

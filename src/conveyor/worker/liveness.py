@@ -5,7 +5,10 @@ transaction that marks its row active, then heartbeats. The executors read two
 signals from it:
 
 - the lock: when the process dies the kernel closes the socket, PostgreSQL drops
-  the session and the lock with it, and the worker is dead *now*;
+  the session and the lock with it, and the worker is dead *now* -- told from a
+  session dropped alone by the process's other sessions (its pool, its listener),
+  which carry the same tag in their application_name (store/db.py, migration 0022):
+  a dead process has none left, a live one keeps its lock_grace;
 - the heartbeat: older than the worker's own ``stale_after`` (interval x multiplier)
   means dead even when the lock lingers (a partition, a hung process). Keepalives on
   both ends of this connection make the server drop a vanished host's session after
@@ -52,7 +55,7 @@ from psycopg.rows import dict_row
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.status import WorkerStatus
-from conveyor.store.db import conninfo_kwargs, server_restarting
+from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -84,6 +87,7 @@ class Liveness:
             **registration,
             "stale_after": cfg.staleness,
             "lock_grace": cfg.lock_grace,
+            "session_tag": PROCESS_TAG,  # the tag of every session this process opens
             "status": WorkerStatus.ACTIVE,
         }
         self._on_lost = on_lost

@@ -2574,6 +2574,8 @@ CREATE TABLE conveyor.worker (
     lock_epoch timestamp with time zone,
     lock_lost_at timestamp with time zone,
     lock_grace double precision DEFAULT 0.25 NOT NULL,
+    session_tag text,
+    registered_at timestamp with time zone,
     CONSTRAINT worker_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT worker_lock_grace_check CHECK ((lock_grace >= (0)::double precision)),
     CONSTRAINT worker_stale_after_check CHECK ((stale_after > (0)::double precision)),

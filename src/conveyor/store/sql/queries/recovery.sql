@@ -22,28 +22,68 @@ WHERE w.status IN ('active', 'draining')
 
 -- name: deactivate_dead_workers
 -- Mark dead workers inactive (guarded: only active or draining ones): heartbeat older
--- than the worker's own bound, or its liveness lock still gone lock_grace after it was
--- first found missing in the server lifetime that granted it (the process died and the
--- kernel closed its socket). A worker that re-registered meanwhile has its
--- note cleared, which the re-check of this UPDATE sees.
+-- than the worker's own bound, or its liveness lock gone in the server lifetime that
+-- granted it and either
+--   - no session of the worker's process left (migration 0022): a process that dies
+--     loses every session at once, the kernel closes its sockets -- dead now; or
+--   - still gone lock_grace after it was first found missing: its other sessions lived
+--     on (the liveness session alone was dropped, by pg_terminate_backend or a proxy),
+--     so the worker had that long to take its lock again.
+-- The first test trusts pg_stat_activity only for a registration older than its
+-- snapshot: PostgreSQL takes that snapshot at the transaction's first read of it, in
+-- this statement (the sweep reads it nowhere before), and a worker's liveness session
+-- is connected before it registers -- so a worker registered before this statement
+-- began is in the snapshot unless its session ended. A row re-registered meanwhile has
+-- its note cleared, which the re-check of this UPDATE sees.
 WITH held AS (
     SELECT l.objid FROM pg_locks l
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = worker_lock_class()::oid
+), alive AS (
+    -- The process tags ("... [tag]", conveyor.store.db.tagged) of this database's sessions.
+    SELECT DISTINCT substring(s.application_name FROM '\[([0-9a-f]{12})\]') AS tag
+    FROM pg_stat_activity s WHERE s.datname = current_database()
 )
 UPDATE worker w SET status = 'inactive'
 WHERE w.status IN ('active', 'draining')
   AND (w.last_heartbeat IS NULL
        OR w.last_heartbeat < now() - make_interval(secs => w.stale_after)
-       OR (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
-           AND w.lock_epoch = current_server_epoch()
-           AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)))
+       OR (w.lock_epoch = current_server_epoch()
+           AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
+           AND (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
+                OR (w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
+                    AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag)))))
 RETURNING w.id, w.name,
           extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
-          coalesce(w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
-                   AND w.lock_epoch = current_server_epoch()
-                   AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid), false) AS lock_lost;
+          -- Why: the lock (after lock_grace, or at once with no session left), else the heartbeat.
+          coalesce(w.lock_epoch = current_server_epoch()
+                   AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
+                   AND (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
+                        OR (w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
+                            AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag))), false)
+              AS lock_lost,
+          coalesce(w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
+                   AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag), false) AS process_gone;
+
+-- name: liveness_missing
+-- The recovery watch's frequent question (recovery.watch_interval): has an active
+-- worker's liveness session gone from pg_stat_activity? Only a trigger -- the sweep it
+-- starts judges by the lock and every session (deactivate_dead_workers) -- so it is
+-- kept cheap: pg_stat_activity copies the backends' status array (pg_locks would take
+-- every lock-table partition lock), read once (MATERIALIZED), the epoch looked up once.
+-- Rows with no tag (older workers) wait for the periodic sweep.
+WITH live AS MATERIALIZED (
+    SELECT s.application_name FROM pg_stat_get_activity(NULL) s
+    WHERE s.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND s.application_name LIKE 'conveyor-worker-liveness [%'
+)
+SELECT EXISTS (
+    SELECT 1 FROM worker w
+    WHERE w.status IN ('active', 'draining') AND w.session_tag IS NOT NULL
+      AND w.lock_epoch = (SELECT current_server_epoch()) AND w.registered_at < statement_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM live WHERE strpos(live.application_name, '[' || w.session_tag || ']') > 0)
+) AS missing;
 
 -- name: hand_back_scheduled
 -- The SQL function of migration 0009 (on one worker, or with NULL on any gone worker).

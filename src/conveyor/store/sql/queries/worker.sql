@@ -7,15 +7,17 @@ SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
 -- the server's epoch (stamp_server_epoch(), migration 0011), which tells the executors
 -- whether a missing liveness lock means a dead worker or a restarted (or crashed) server.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
-                    host, pid, version, stale_after, lock_grace, lock_epoch, lock_lost_at, last_heartbeat)
+                    host, pid, version, stale_after, lock_grace, lock_epoch, lock_lost_at, last_heartbeat,
+                    session_tag, registered_at)
 VALUES (%(name)s, 'action', %(status)s, %(runtimes)s, %(actions)s, %(capabilities)s, %(capacity)s,
-        %(host)s, %(pid)s, %(version)s, %(stale_after)s, %(lock_grace)s, stamp_server_epoch(), NULL, now())
+        %(host)s, %(pid)s, %(version)s, %(stale_after)s, %(lock_grace)s, stamp_server_epoch(), NULL, now(),
+        %(session_tag)s, now())
 ON CONFLICT (name) DO UPDATE
 SET status = EXCLUDED.status, runtimes = EXCLUDED.runtimes, actions = EXCLUDED.actions,
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
     pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
     lock_grace = EXCLUDED.lock_grace, lock_epoch = EXCLUDED.lock_epoch, lock_lost_at = NULL,
-    last_heartbeat = now()
+    last_heartbeat = now(), session_tag = EXCLUDED.session_tag, registered_at = now()
 RETURNING id, lock_epoch;
 
 -- name: acquire_worker_lock

@@ -1,0 +1,18 @@
+-- Recovery in a quarter of a second (issue #14): a killed worker's running work runs
+-- again elsewhere at once, while a live worker whose liveness session alone dropped
+-- keeps its lock_grace.
+--
+-- A process that dies loses every session at once (the kernel closes its sockets); a
+-- liveness session dropped by pg_terminate_backend or by a proxy leaves the process's
+-- other sessions (its pool, its listener) connected. Every session a Conveyor process
+-- opens carries the process's random tag in its application_name ("... [tag]",
+-- conveyor.store.db.PROCESS_TAG); a worker records its tag here when it registers. The
+-- sweep then judges "liveness lock gone and no session of that tag left" dead at once,
+-- and "lock gone, other sessions alive" only after lock_grace, as before.
+--
+-- registered_at (the registering transaction's now(): its liveness session was
+-- connected before it) lets the sweep use a pg_stat_activity snapshot only when it was
+-- taken after the registration it judges -- a session that connected after the
+-- snapshot is not in it. A row with no tag (registered by an older version) gets no
+-- fast path: lock_grace applies to it as before.
+ALTER TABLE worker ADD COLUMN session_tag text, ADD COLUMN registered_at timestamptz;
