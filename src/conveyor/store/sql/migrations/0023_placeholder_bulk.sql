@@ -1,0 +1,2 @@
+-- Placeholder in branch wt-bulk only (migrations must be numbered without gaps): the
+-- real 0023 comes from another branch; drop this file when merging.
