@@ -1515,9 +1515,9 @@ BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
-    -- The first unknown action, in request order.
+    -- The first unknown action, in request order (each distinct ref looked up once).
     SELECT u.r, u.i INTO bad
-    FROM unnest(refs) WITH ORDINALITY AS u (r, i)
+    FROM (SELECT r, min(i) AS i FROM unnest(refs) WITH ORDINALITY AS u (r, i) GROUP BY r) u
     WHERE NOT EXISTS (SELECT 1 FROM action a WHERE a.ref = u.r)
     ORDER BY u.i LIMIT 1;
     IF FOUND THEN
