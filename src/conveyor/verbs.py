@@ -14,8 +14,9 @@ is then one ``execute`` plus these functions, sync or async alike.
 
 from __future__ import annotations
 
+import importlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -40,6 +41,14 @@ from conveyor.domain.errors import (
 )
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
+
+# An accelerator for batches (a compiled wheel, a dependency); without it jsonschema
+# judges every document, only slower.
+jsonschema_rs: Any
+try:
+    jsonschema_rs = importlib.import_module("jsonschema_rs")
+except ImportError:  # pragma: no cover - depends on the platform's wheels
+    jsonschema_rs = None
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -66,10 +75,12 @@ _TARGET_MAX = 255
 def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> ConveyorError | psycopg.Error:
     """A verb's refusal as the error a user can act on; anything else unchanged."""
     message = exc.diag.message_primary or str(exc)
+    # A batch (request_execution_batch) names the refused row's action in its message.
     if exc.sqlstate == UNKNOWN_ACTION:
-        return UnknownActionError(action_ref)
+        return UnknownActionError(action_ref or message.removeprefix("unknown action ").strip("'"))
     if exc.sqlstate == INVALID_PARAMETERS:
-        return InvalidParametersError(action_ref, [message.split(": ", 1)[-1]])
+        ref, _, problems = message.removeprefix("invalid parameters for ").partition(": ")
+        return InvalidParametersError(action_ref or ref, [problems or message])
     if exc.sqlstate == KEY_REUSED:
         return ConflictError(f"{message}: {exc.diag.message_hint}" if exc.diag.message_hint else message)
     if exc.sqlstate == NO_POLICY:
@@ -103,12 +114,58 @@ def refusals(*, action_ref: str = "", target: str = "") -> Iterator[None]:
 
 def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], parameters: Any) -> None:
     """Full JSON Schema, before the database's own subset check (validate_parameters in SQL)."""
-    cls = jsonschema.validators.validator_for(parameters_schema)
-    errors = sorted(cls(parameters_schema).iter_errors(parameters), key=lambda e: list(e.path))
-    if errors:
-        raise InvalidParametersError(
-            action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
-        )
+    parameters_checker(action_ref, parameters_schema)(parameters)
+
+
+def parameters_checker(action_ref: str, parameters_schema: dict[str, Any]) -> Callable[[Any], None]:
+    """validate_parameters for many documents of one action: the validator is built once
+    (building it per document was most of a 100,000-row batch's time). Where the schema
+    uses no keyword whose meaning differs between engines (see _engines_agree), a valid
+    document is recognised by jsonschema_rs (~1 us, against ~35 us for jsonschema); any
+    document it refuses is judged, and its errors worded, by jsonschema, as for one request."""
+    full = jsonschema.validators.validator_for(parameters_schema)(parameters_schema)
+    fast = _fast_validator(parameters_schema)
+
+    def check(parameters: Any) -> None:
+        if fast is not None:
+            try:
+                if fast.is_valid(parameters):
+                    return
+            except (ValueError, TypeError):  # not a JSON document: jsonschema decides
+                pass
+        elif full.is_valid(parameters):
+            return
+        errors = sorted(full.iter_errors(parameters), key=lambda e: list(e.path))
+        if errors:
+            raise InvalidParametersError(
+                action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
+            )
+
+    return check
+
+
+# Keywords whose meaning can differ between jsonschema and jsonschema_rs: regular
+# expressions (Python's re against an ECMA-like engine), formats, and references (which
+# might be fetched). A schema using any of them (even as a property name) is judged by
+# jsonschema alone.
+_ENGINE_SENSITIVE = frozenset({"pattern", "patternProperties", "format", "$ref", "$dynamicRef", "$recursiveRef"})
+
+
+def _engines_agree(node: Any) -> bool:
+    if isinstance(node, dict):
+        return not (_ENGINE_SENSITIVE & node.keys()) and all(_engines_agree(v) for v in node.values())
+    if isinstance(node, list):
+        return all(_engines_agree(v) for v in node)
+    return True
+
+
+def _fast_validator(parameters_schema: dict[str, Any]) -> Any:
+    if jsonschema_rs is None or not _engines_agree(parameters_schema):
+        return None
+    try:
+        return jsonschema_rs.validator_for(parameters_schema, validate_formats=False, offline=True)
+    except Exception:  # a schema jsonschema_rs does not take: jsonschema alone
+        return None
 
 
 # -- cancel -----------------------------------------------------------------------------

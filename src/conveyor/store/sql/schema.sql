@@ -3,6 +3,16 @@
 
 CREATE SCHEMA conveyor;
 
+CREATE TYPE conveyor.property_fact AS (
+	key text,
+	types text[],
+	enum jsonb,
+	minimum text,
+	maximum text,
+	min_length text,
+	max_length text
+);
+
 CREATE FUNCTION conveyor.acquire_worker_lock(worker_id bigint) RETURNS boolean
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -1099,6 +1109,45 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.parameters_refused(refs text[], parameters jsonb) RETURNS TABLE(i bigint, ref text, params jsonb, schema jsonb)
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    SET jit TO 'off'
+    AS $$
+    WITH facts AS MATERIALIZED (
+        SELECT a.ref, a.parameters_schema AS schema,
+               ARRAY(SELECT jsonb_array_elements_text(coalesce(a.parameters_schema -> 'required', '[]')))
+                   AS required,
+               coalesce(a.parameters_schema -> 'additionalProperties' = 'false'::jsonb, false) AS closed,
+               ARRAY(SELECT jsonb_object_keys(coalesce(a.parameters_schema -> 'patternProperties', '{}')))
+                   AS patterns,
+               ARRAY(SELECT p.key FROM property_facts(a.parameters_schema) p) AS declared,
+               ARRAY(SELECT p FROM property_facts(a.parameters_schema) p
+                     WHERE num_nonnulls(p.types, p.enum, p.minimum, p.maximum, p.min_length, p.max_length) > 0)
+                   AS checked
+        FROM action a
+        WHERE a.ref IN (SELECT DISTINCT r FROM unnest(refs) r)
+    )
+    SELECT u.i, u.r, u.p, f.schema
+    FROM (SELECT u.i, u.r, coalesce(nullif(u.p, 'null'::jsonb), '{}'::jsonb) AS p
+          FROM ROWS FROM (unnest(refs), jsonb_array_elements(parameters)) WITH ORDINALITY AS u (r, p, i)) u
+    JOIN facts f ON f.ref = u.r
+    WHERE CASE
+        WHEN jsonb_typeof(u.p) <> 'object' THEN true
+        WHEN NOT u.p ?& f.required THEN true
+        WHEN f.closed AND (u.p - f.declared) <> '{}'::jsonb AND EXISTS (
+                SELECT 1 FROM jsonb_object_keys(u.p - f.declared) k
+                WHERE NOT EXISTS (SELECT 1 FROM unnest(f.patterns) pat WHERE k ~ pat))
+            THEN true
+        WHEN cardinality(f.checked) > 0 THEN EXISTS (
+                SELECT 1 FROM unnest(f.checked) c
+                WHERE u.p ? c.key
+                  AND NOT property_ok(c.types, c.enum, c.minimum, c.maximum, c.min_length, c.max_length,
+                                      u.p -> c.key))
+        ELSE false
+    END
+$$;
+
 CREATE FUNCTION conveyor.pause_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1135,6 +1184,43 @@ BEGIN
               WHERE s.id = old.id AND NOT old.paused RETURNING s.id)
     SELECT old.id, old.paused FROM old;
 END
+$$;
+
+CREATE FUNCTION conveyor.property_facts(schema jsonb) RETURNS SETOF conveyor.property_fact
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT kv.key,
+           CASE jsonb_typeof(kv.value -> 'type')
+               WHEN 'string' THEN ARRAY[kv.value ->> 'type']
+               WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(kv.value -> 'type'))
+           END,
+           CASE WHEN kv.value ? 'enum' THEN kv.value -> 'enum' END,
+           CASE WHEN kv.value ? 'minimum' THEN kv.value ->> 'minimum' END,
+           CASE WHEN kv.value ? 'maximum' THEN kv.value ->> 'maximum' END,
+           CASE WHEN kv.value ? 'minLength' THEN kv.value ->> 'minLength' END,
+           CASE WHEN kv.value ? 'maxLength' THEN kv.value ->> 'maxLength' END
+    FROM jsonb_each(CASE WHEN jsonb_typeof(schema -> 'properties') = 'object'
+                         THEN schema -> 'properties' ELSE '{}' END) kv
+$$;
+
+CREATE FUNCTION conveyor.property_ok(types text[], enum jsonb, minimum text, maximum text, min_length text, max_length text, val jsonb) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN types IS NOT NULL AND NOT (
+                jsonb_typeof(val) = ANY (types)
+                OR ('integer' = ANY (types) AND jsonb_typeof(val) = 'number'
+                    AND val::text::numeric = trunc(val::text::numeric)))
+            THEN false
+        WHEN enum IS NOT NULL AND NOT enum @> jsonb_build_array(val) THEN false
+        WHEN jsonb_typeof(val) = 'number' THEN
+            NOT coalesce(val::text::numeric < minimum::numeric, false)
+            AND NOT coalesce(val::text::numeric > maximum::numeric, false)
+        WHEN jsonb_typeof(val) = 'string' THEN
+            NOT coalesce(length(val #>> '{}') < min_length::int, false)
+            AND NOT coalesce(length(val #>> '{}') > max_length::int, false)
+        ELSE true
+    END
 $$;
 
 CREATE FUNCTION conveyor.register_rule(ref text, trigger text, criteria jsonb, action_ref text, parameters jsonb, enabled boolean DEFAULT true, description text DEFAULT NULL::text, definition jsonb DEFAULT NULL::jsonb, OUT rule_id bigint, OUT created boolean) RETURNS record
@@ -1410,6 +1496,60 @@ CREATE FUNCTION conveyor.request_execution(action_ref text, parameters jsonb DEF
     SELECT execution_id FROM request_execution_once($1, $2, $3, $4, $5, $6)
 $_$;
 
+CREATE FUNCTION conveyor.request_execution_batch(refs text[], parameters jsonb, not_before timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    SET jit TO 'off'
+    AS $$  -- jit: see parameters_refused
+DECLARE
+    n integer := coalesce(cardinality(refs), 0);
+    bad record;
+BEGIN
+    IF jsonb_typeof(parameters) IS DISTINCT FROM 'array' OR jsonb_array_length(parameters) <> n
+       OR (not_before IS NOT NULL AND cardinality(not_before) <> n) THEN
+        RAISE EXCEPTION 'request_execution_batch: % refs, % parameters and % not_before times',
+            n, CASE WHEN jsonb_typeof(parameters) = 'array' THEN jsonb_array_length(parameters) END,
+            cardinality(not_before)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    -- The first unknown action, in request order (each distinct ref looked up once).
+    SELECT u.r, u.i INTO bad
+    FROM (SELECT r, min(i) AS i FROM unnest(refs) WITH ORDINALITY AS u (r, i) GROUP BY r) u
+    WHERE NOT EXISTS (SELECT 1 FROM action a WHERE a.ref = u.r)
+    ORDER BY u.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'unknown action %', quote_literal(bad.r)
+            USING ERRCODE = 'CVA01', HINT = 'no worker has registered this action',
+                  DETAIL = format('request %s of %s', bad.i, n);
+    END IF;
+    -- The first refused row, in request order, with validate_parameters' words.
+    SELECT r.i, r.ref, validate_parameters(r.schema, r.params) AS problems INTO bad
+    FROM parameters_refused(refs, parameters) r ORDER BY r.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'invalid parameters for %: request % of %: %', bad.ref, bad.i, n,
+            -- (empty only if the two checks disagreed, which the property test rules out:
+            -- a row one of them refuses is not stored)
+            coalesce(nullif(array_to_string(bad.problems, '; '), ''), 'refused by the batch check')
+            USING ERRCODE = 'CVA02';
+    END IF;
+    -- One INSERT for all rows (the statement triggers -- admission, the 'requested' wake
+    -- -- run once), in request order so the ids are drawn in that order.
+    RETURN QUERY
+    WITH inserted AS (
+        INSERT INTO execution (action_ref, parameters, not_before)
+        SELECT u.r, coalesce(nullif(u.p, 'null'::jsonb), '{}'::jsonb), CASE WHEN u.nb > now() THEN u.nb END
+        FROM ROWS FROM (unnest(refs), jsonb_array_elements(parameters), unnest(not_before))
+             WITH ORDINALITY AS u (r, p, nb, i)
+        ORDER BY u.i
+        RETURNING id
+    )
+    SELECT ins.id FROM inserted ins ORDER BY ins.id;
+END
+$$;
+
 CREATE FUNCTION conveyor.request_execution_once(action_ref text, parameters jsonb, parent bigint, idempotency_key text, not_before timestamp with time zone DEFAULT NULL::timestamp with time zone, enforcement bigint DEFAULT NULL::bigint, OUT execution_id bigint, OUT repeated boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1488,12 +1628,7 @@ CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[]) RET
     LANGUAGE sql
     SET search_path TO 'conveyor'
     AS $$
-    WITH inserted AS (
-        INSERT INTO execution (action_ref, parameters)
-        SELECT * FROM unnest(refs, parameters)
-        RETURNING id
-    )
-    SELECT id FROM inserted ORDER BY id
+    SELECT request_execution_batch(refs, coalesce(to_jsonb(parameters), '[]'), NULL)
 $$;
 
 CREATE FUNCTION conveyor.request_executions(refs text[], parameters jsonb[], not_before timestamp with time zone[]) RETURNS SETOF bigint
@@ -1506,14 +1641,7 @@ BEGIN
             cardinality(refs), cardinality(parameters), cardinality(not_before)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY
-    WITH inserted AS (
-        INSERT INTO execution (action_ref, parameters, not_before)
-        SELECT r, coalesce(p, '{}'), CASE WHEN nb > now() THEN nb END
-        FROM unnest(refs, parameters, not_before) AS u (r, p, nb)
-        RETURNING id
-    )
-    SELECT i.id FROM inserted i ORDER BY i.id;
+    RETURN QUERY SELECT request_execution_batch(refs, coalesce(to_jsonb(parameters), '[]'), not_before);
 END
 $$;
 
