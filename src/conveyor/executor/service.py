@@ -154,7 +154,8 @@ class ExecutorService:
                 continue  # a full batch placed whole: there may be more waiting
             # Idle: sleep until the next wake-up, the poll, or the earliest delayed request
             # (not_before), whichever comes first -- so it is placed at its time.
-            await self._bell.wait(await self._until_next_delayed(poll))
+            # (Already rung, by a wake-up during the round: no need to ask how long.)
+            await self._bell.wait(0.0 if self._bell.rung else await self._until_next_delayed(poll))
 
     async def _until_next_delayed(self, poll: float) -> float:
         try:

@@ -32,8 +32,10 @@ from conveyor.worker.instrument import observe_result
 
 log = structlog.get_logger(__name__)
 
-# Completions are written in batches of at most this many rows per statement.
+# Completions are written in batches of at most this many rows per statement, with at
+# most this many batches in flight.
 _BATCH = 500
+_WRITES = 2
 # What a write raises because of the data it carries, not because the database is away:
 # retried as it is, it would fail for ever. (The runners make results storable first;
 # this is the net under them.)
@@ -102,14 +104,28 @@ class ResultWriter:
         return True
 
     async def run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < _BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+        # Up to _WRITES batches in flight, each its own transaction on its own connection:
+        # a result that comes while one commits goes in the next at once, and PostgreSQL
+        # flushes the WAL of commits that wait together once (group commit). With a few
+        # slots that finish apart, one at a time would pay a flush per result.
+        writing = asyncio.Semaphore(_WRITES)
+        async with asyncio.TaskGroup() as tasks:
+            while True:
+                first = await self._queue.get()
+                await writing.acquire()  # meanwhile more results join this batch
+                batch = [first]
+                while len(batch) < _BATCH and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                tasks.create_task(self._write_batch(batch, writing))
+
+    async def _write_batch(self, batch: list[Finished], writing: asyncio.Semaphore) -> None:
+        try:
             await self._write_each(batch)
-            for f in batch:
-                self.pending.discard(f.execution_id)
-                self._queue.task_done()
+        finally:
+            writing.release()
+        for f in batch:
+            self.pending.discard(f.execution_id)
+            self._queue.task_done()
 
     async def _write_each(self, batch: list[Finished]) -> None:
         """Write the batch; when its data is refused, each row on its own, so that a result
