@@ -62,9 +62,20 @@ class Figures:
     latency: list[float] | None = None  # ms, sorted
 
 
+def truncate(conn: Conn) -> None:
+    """Empty the execution tables; the running processes' own statements may deadlock with it."""
+    for _ in range(20):
+        try:
+            conn.execute("TRUNCATE execution CASCADE")
+            return
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
+            time.sleep(0.1)
+    raise SystemExit("cannot truncate the execution tables")
+
+
 def throughput(conn: Conn, n: int, batch: int, pids: list[int]) -> tuple[float, float, float]:
     """(executions/s, CPU ms per execution, commits per execution) for n core.noop."""
-    conn.execute("TRUNCATE execution CASCADE")
+    truncate(conn)
     cpu0, commits0 = cpu_seconds(pids), commits(conn)
     with conn.transaction():
         for start_at in range(0, n, batch):
@@ -87,7 +98,7 @@ def throughput(conn: Conn, n: int, batch: int, pids: list[int]) -> tuple[float, 
 
 def latency(conn: Conn, rate: float, seconds: float) -> list[float]:
     total = max(2, int(rate * seconds))
-    conn.execute("TRUNCATE execution CASCADE")
+    truncate(conn)
     begin = time.monotonic()
     for i in range(total):
         delay = begin + i / rate - time.monotonic()
