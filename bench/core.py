@@ -1,14 +1,20 @@
-"""Core benchmark (not a test): end-to-end throughput and request-to-start latency.
+"""Core benchmark (not a test): end-to-end throughput at several concurrencies, request-to-
+start latency, worker memory -- on both transports, next to a reference measured in the
+same run.
 
-    python bench/core.py [--url postgresql://postgres@127.0.0.1/postgres] [--n 20000] [--rate 50 --seconds 20]
+    python bench/core.py [--quick] [--transport postgres|rabbitmq|both] [--concurrency 2,10,500]
 
-Starts one `conveyor executor` and one `conveyor worker` as real processes against a
-fresh database on an already-running PostgreSQL, then:
-  1. throughput: enqueue N core.noop executions in one batch (one transaction), time
-     from that commit until the last one is terminal (database clock);
-  2. latency: request core.noop one at a time at a steady rate (each its own commit) and
-     report started - created (both database clock) at p50/p95/p99.
-Prints the figures and every setting they came from.
+For each transport and each concurrency C it starts one `conveyor executor` and one
+`conveyor worker` (worker.max_concurrent_tasks=C, other settings at their defaults unless
+given) as real processes against a fresh scratch database on the running PostgreSQL, then:
+  throughput  enqueues N core.noop executions in one transaction and times that commit ->
+              the last one ended (database clock); also the CPU time of the two processes
+              and the commits made, per execution, and the worker's peak RSS (VmHWM);
+  latency     (at --latency-concurrency only) requests core.noop one at a time at a steady
+              rate, each its own commit, and reports started - created (database clock).
+The reference: pgbench -N (one durable commit per transaction) at 1 and 2 clients on a
+scratch database, before and after the runs -- the machine is shared, so read the figures
+against it. Prints every setting the figures came from.
 """
 
 from __future__ import annotations
@@ -16,140 +22,132 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
+from core_kit import (  # bench/, next to this file
+    SCHEMA,
+    TERMINAL,
+    Conn,
+    commits,
+    cpu_seconds,
+    delete_broker_objects,
+    drop_database,
+    fresh_database,
+    pct,
+    peak_rss_mb,
+    reference,
+    server_settings,
+    start,
+    stop,
+    wait_for,
+)
 
-from conveyor.app import prepare_database
 from conveyor.sdk import request_executions
 
-SCHEMA = "conveyor"
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
+
+@dataclass
+class Figures:
+    transport: str
+    concurrency: int
+    n: int
+    per_second: float
+    cpu_ms: float  # executor + worker CPU per execution
+    commits: float  # database commits per execution (all processes of the run)
+    worker_rss_mb: float
+    latency: list[float] | None = None  # ms, sorted
 
 
-def fresh_database(server_url: str, name: str) -> str:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    prepare_database(url, SCHEMA)
-    return url
-
-
-def start(role: list[str], env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
-    log = open(logdir / f"{role[0]}.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen([sys.executable, "-m", "conveyor", *role], env=env, stdout=log, stderr=log)
-
-
-def wait_for(conn: psycopg.Connection[tuple[object, ...]], query: str, done: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = conn.execute(query).fetchone()
-        if row and row[0] == done:
+def truncate(conn: Conn) -> None:
+    """Empty the execution tables; the running processes' own statements may deadlock with it."""
+    for _ in range(20):
+        try:
+            conn.execute("TRUNCATE execution CASCADE")
             return
-        time.sleep(0.02)
-    raise SystemExit(f"timed out waiting for: {query}")
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
+            time.sleep(0.1)
+    raise SystemExit("cannot truncate the execution tables")
 
 
-def throughput(url: str, n: int, batch: int) -> float:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {SCHEMA}")
-        conn.execute("TRUNCATE execution CASCADE")
-        with conn.transaction():
-            for start_at in range(0, n, batch):
-                count = min(batch, n - start_at)
-                request_executions(conn, [("core.noop", {})] * count)
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
-        assert row
-        t0 = row[0]
-        wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", n, timeout=600)
-        row = conn.execute(
-            "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed') FROM execution",
-            (t0,),
-        ).fetchone()
-        assert row
-        elapsed, completed = float(row[0]), int(row[1])
+def throughput(conn: Conn, n: int, batch: int, pids: list[int]) -> tuple[float, float, float]:
+    """(executions/s, CPU ms per execution, commits per execution) for n core.noop."""
+    truncate(conn)
+    cpu0, commits0 = cpu_seconds(pids), commits(conn)
+    with conn.transaction():
+        for start_at in range(0, n, batch):
+            request_executions(conn, [("core.noop", {})] * min(batch, n - start_at))
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row
+    t0 = row[0]
+    wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", n, timeout=900)
+    cpu1, commits1 = cpu_seconds(pids), commits(conn)
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed') FROM execution",
+        (t0,),
+    ).fetchone()
+    assert row
+    elapsed, completed = float(row[0]), int(row[1])
     if completed != n:
         raise SystemExit(f"only {completed} of {n} completed")
-    return n / elapsed
+    return n / elapsed, (cpu1 - cpu0) * 1000 / n, (commits1 - commits0) / n
 
 
-def latency(url: str, rate: float, seconds: float) -> list[float]:
-    total = int(rate * seconds)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {SCHEMA}")
-        conn.execute("TRUNCATE execution CASCADE")
-        begin = time.monotonic()
-        for i in range(total):
-            delay = begin + i / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            conn.execute("SELECT request_execution('core.noop', '{}')")
-        wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", total, timeout=120)
-        rows = conn.execute(
-            "SELECT extract(epoch FROM started - created) * 1000 FROM execution WHERE started IS NOT NULL"
-        ).fetchall()
+def latency(conn: Conn, rate: float, seconds: float) -> list[float]:
+    total = max(2, int(rate * seconds))
+    truncate(conn)
+    begin = time.monotonic()
+    for i in range(total):
+        delay = begin + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        conn.execute("SELECT request_execution('core.noop', '{}')")
+    wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", total, timeout=120)
+    rows = conn.execute(
+        "SELECT extract(epoch FROM started - created) * 1000 FROM execution WHERE started IS NOT NULL"
+    ).fetchall()
     return sorted(float(r[0]) for r in rows)
 
 
-def pct(values: list[float], p: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
-
-
-def run_once(args: argparse.Namespace, transport: str) -> tuple[float, list[float]]:
-    """One executor + one worker on ``transport``: (throughput, latencies)."""
-    url = fresh_database(args.url, "conveyor_bench")
+def run_one(args: argparse.Namespace, transport: str, concurrency: int, n: int) -> Figures:
+    """One executor + one worker on ``transport`` at ``concurrency``."""
+    name = f"conveyor_bench_{os.getpid()}"
+    url = fresh_database(args.url, name)
     env = {
         **os.environ,
         "DATABASE_URL": url,
         "CONVEYOR__TRANSPORT": transport,
         "CONVEYOR__EXECUTOR__BATCH_SIZE": str(args.batch_size),
-        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.concurrency),
+        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(concurrency),
         "CONVEYOR__WORKER__NAME": "bench-worker",
         "CONVEYOR__LOG__LEVEL": "warning",
     }
-    prefix = f"bench{os.getpid()}"
+    if args.prefetch is not None:
+        env["CONVEYOR__WORKER__PREFETCH"] = str(args.prefetch)
+    prefix = f"bench{os.getpid()}c{concurrency}"
     if transport == "rabbitmq":
         env |= {"CONVEYOR__MESSAGE_QUEUE__URL": args.amqp_url, "CONVEYOR__MESSAGE_QUEUE__PREFIX": prefix}
-    logdir = Path(tempfile.mkdtemp(prefix=f"conveyor-bench-{transport}-"))
-    procs = [start(["executor"], env, logdir), start(["worker"], env, logdir)]
+    logdir = Path(tempfile.mkdtemp(prefix=f"conveyor-bench-{transport}-{concurrency}-"))
+    procs = [start("executor", env, logdir), start("worker", env, logdir)]
+    pids = [p.pid for p in procs]
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            wait_for(conn, f"SELECT count(*) FROM {SCHEMA}.worker WHERE status = 'active'", 1, timeout=30)
-        throughput(url, 500, args.enqueue_batch)  # warm-up
-        tput = throughput(url, args.n, args.enqueue_batch)
-        lat = latency(url, args.rate, args.seconds)
+            conn.execute(f"SET search_path TO {SCHEMA}")
+            wait_for(conn, "SELECT count(*) FROM worker WHERE status = 'active'", 1, timeout=30)
+            throughput(conn, min(n, 500), args.enqueue_batch, pids)  # warm-up
+            per_second, cpu_ms, per_commit = throughput(conn, n, args.enqueue_batch, pids)
+            rss = peak_rss_mb(procs[1].pid)
+            lat = latency(conn, args.rate, args.seconds) if concurrency == args.latency_concurrency else None
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop(procs)
         if transport == "rabbitmq":
-            delete_broker_objects(args.amqp_url, prefix)
-    print(f"  {transport} logs: {logdir}", file=sys.stderr)
-    return tput, lat
-
-
-def delete_broker_objects(amqp_url: str, prefix: str) -> None:
-    import asyncio
-
-    import aio_pika
-
-    async def clean() -> None:
-        async with await aio_pika.connect(amqp_url) as connection:
-            channel = await connection.channel()
-            for queue in (f"{prefix}.executor.requests", f"{prefix}.dlx.queue", f"{prefix}.worker.1.executions"):
-                await channel.queue_delete(queue)
-            for exchange in (f"{prefix}.executions", f"{prefix}.events", f"{prefix}.dlx"):
-                await channel.exchange_delete(exchange)
-
-    asyncio.run(clean())
+            delete_broker_objects(args.amqp_url, prefix, worker_ids=[1])
+        drop_database(args.url, name)
+    print(f"  {transport} c={concurrency}: {per_second:,.0f}/s (logs: {logdir})", file=sys.stderr)
+    return Figures(transport, concurrency, n, per_second, cpu_ms, per_commit, rss, lat)
 
 
 def main() -> None:
@@ -159,42 +157,54 @@ def main() -> None:
     )
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
     parser.add_argument("--transport", choices=["postgres", "rabbitmq", "both"], default="both")
-    parser.add_argument("--n", type=int, default=20_000, help="executions in the throughput run")
+    parser.add_argument("--concurrency", default="2,10,500", help="worker.max_concurrent_tasks values, comma-separated")
+    parser.add_argument("--n", type=int, default=None, help="executions per throughput run (default: by concurrency)")
+    parser.add_argument("--quick", action="store_true", help="fewer executions and a shorter latency run")
     parser.add_argument("--enqueue-batch", type=int, default=5_000, help="rows per enqueue statement")
     parser.add_argument("--batch-size", type=int, default=500, help="executor.batch_size")
-    parser.add_argument("--concurrency", type=int, default=500, help="worker.max_concurrent_tasks")
+    parser.add_argument("--prefetch", type=int, default=None, help="worker.prefetch (default: the setting's default)")
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s in the latency run")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of the latency run")
+    parser.add_argument("--seconds", type=float, default=None, help="length of the latency run (20, quick 6)")
+    parser.add_argument("--latency-concurrency", type=int, default=10, help="the worker concurrency of the latency run")
     args = parser.parse_args()
+    args.seconds = args.seconds or (6.0 if args.quick else 20.0)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if args.latency_concurrency not in levels:
+        levels.append(args.latency_concurrency)
 
-    with psycopg.connect(args.url) as conn:
-        settings = {
-            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
-        }
+    def size(c: int) -> int:
+        if args.n:
+            return int(args.n)
+        full = {2: 5_000, 10: 10_000}.get(c, 20_000)
+        return full // 5 if args.quick else full
+
     transports = ["postgres", "rabbitmq"] if args.transport == "both" else [args.transport]
-    results = {t: run_once(args, t) for t in transports}
+    ref_before = reference(args.url, 3 if args.quick else 5)
+    results = [run_one(args, t, c, size(c)) for t in transports for c in levels]
+    ref_after = reference(args.url, 3 if args.quick else 5)
 
     print("Conveyor core benchmark")
-    print(f"  machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print("  postgres: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    if "rabbitmq" in results:
+    print(f"  machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f} at the end (shared machine: read against the reference)")  # fmt: skip
+    print("  postgres: " + ", ".join(f"{k}={v}" for k, v in server_settings(args.url).items()))
+    if "rabbitmq" in transports:
         print(f"  rabbitmq: {args.amqp_url.split('@')[-1]}, quorum queues, publisher confirms, outbox relay")
-    print(
-        f"  processes: 1 executor + 1 worker, executor.batch_size={args.batch_size}, "
-        f"worker.max_concurrent_tasks={args.concurrency}"
-    )
-    print(
-        f"  throughput: {args.n} core.noop enqueued in batches of {args.enqueue_batch} "
-        "(enqueue commit -> last ended, database clock)"
-    )
-    print(f"  latency: core.noop at {args.rate:g}/s for {args.seconds:g}s, requested -> started (database clock)")
-    print(f"{'transport':<10} {'executions/s':>13} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for transport, (tput, lat) in results.items():
-        print(
-            f"{transport:<10} {tput:>13,.0f} {pct(lat, 50):>8.2f} {pct(lat, 95):>8.2f} {pct(lat, 99):>8.2f} "
-            f"{lat[-1]:>8.2f}"
-        )
+    print(f"  processes: 1 executor + 1 worker per row, executor.batch_size={args.batch_size}, "
+          f"worker.prefetch={'default' if args.prefetch is None else args.prefetch}, others default")  # fmt: skip
+    print(f"  throughput: N core.noop enqueued by {args.enqueue_batch}, enqueue commit -> last ended "
+          "(database clock); CPU: executor + worker user+system; commits: xact_commit of the database")  # fmt: skip
+    print(f"  latency: core.noop at {args.rate:g}/s for {args.seconds:g}s, one commit each, requested -> started "
+          f"(database clock), worker.max_concurrent_tasks={args.latency_concurrency}")  # fmt: skip
+    for when, ref in (("before", ref_before), ("after", ref_after)):
+        for what, tps, ms in ref:
+            print(f"  reference ({when}): {what}: {tps:,.0f} tps, {ms:.2f} ms per transaction")
+    print(f"{'transport':<9} {'conc':>5} {'N':>6} {'exec/s':>8} {'CPU ms/ex':>9} {'commits/ex':>10} "
+          f"{'worker RSS MB':>13} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7}")  # fmt: skip
+    for f in results:
+        lat = f.latency
+        tail = f"{pct(lat, 50):>7.2f} {pct(lat, 95):>7.2f} {pct(lat, 99):>7.2f}" if lat else ""
+        print(f"{f.transport:<9} {f.concurrency:>5} {f.n:>6} {f.per_second:>8,.0f} {f.cpu_ms:>9.2f} "
+              f"{f.commits:>10.2f} {f.worker_rss_mb:>13.1f} {tail}")  # fmt: skip
 
 
 if __name__ == "__main__":

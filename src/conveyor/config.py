@@ -110,6 +110,12 @@ class WorkerSettings(_Section):
         "before executors declare the worker dead",
     )
     max_concurrent_tasks: int = Field(10, ge=1, description="executions run at once")
+    prefetch: int | None = Field(
+        None,
+        ge=0,
+        description="executions placed on the worker beyond its slots, started the moment a slot frees "
+        "(default: max_concurrent_tasks, at least 8 and at most 100; 0: none)",
+    )
     shutdown_timeout: float = Field(30, ge=0, description="seconds SIGTERM waits for running work")
     poll_interval: float = Field(1.0, gt=0, description="polling fallback when no NOTIFY arrives")
     execution_timeout: float = Field(600, gt=0, description="default per-action execution timeout")
@@ -119,6 +125,13 @@ class WorkerSettings(_Section):
     )
     runtimes: list[str] = Field(default_factory=lambda: ["python", "shell"])
     imports: list[str] = Field(default_factory=list, description="modules whose actions this worker offers")
+
+    @property
+    def prefetched(self) -> int:
+        """Executions waiting on this worker beyond its slots (``prefetch``, or its default)."""
+        # At least 8: the executor refills a prefetch one scheduling round after the
+        # worker took from it; a worker with few slots empties a smaller one before that.
+        return min(max(self.max_concurrent_tasks, 8), 100) if self.prefetch is None else self.prefetch
 
     @property
     def staleness(self) -> float:

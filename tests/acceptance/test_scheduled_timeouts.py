@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from acceptance.recovery_kit import (
     until_status,
     worker_row,
 )
+from conveyor.sdk import request_executions
 from conveyor.store.db import connect_sync
 
 pytestmark = pytest.mark.acceptance
@@ -127,3 +129,36 @@ def test_worker_stops_mid_execution_of_an_abandon_action(
     assert done["result"]["error"] == "worker lost"
     assert done["attempt"] == 1
     assert summary(attempts(db, eid)) == [(1, victim, "worker_lost")]
+
+
+def test_prefetched_work_waits_behind_slow_actions_without_timing_out(
+    procs: Procs, env: dict[str, str], db: Conn
+) -> None:
+    """A worker's prefetch (executions placed on it beyond its slots) waits for a slot of
+    a worker that is taking work: neither the schedule-to-start monitor nor the dispatch
+    TTL may take it back, though it waits longer than both; and it runs one slot at a time."""
+    start_executor(
+        procs,
+        env,
+        CONVEYOR__EXECUTOR__SCHEDULED_TIMEOUT=1,
+        CONVEYOR__EXECUTOR__TIMEOUT_CHECK_INTERVAL=0.3,
+        CONVEYOR__DEAD_LETTER__CHECK_INTERVAL=0.3,
+        CONVEYOR__MESSAGE_QUEUE__RABBITMQ__WORKER_QUEUE_TTL_MS=1000,
+    )
+    start_worker(procs, env, "w-one", CONVEYOR__WORKER__MAX_CONCURRENT_TASKS=1, CONVEYOR__WORKER__PREFETCH=2)
+    slow = request_executions(db, [("core.sleep", {"seconds": 1.5})] * 3)
+
+    def statuses() -> list[str]:
+        return sorted(execution(db, eid)["status"] for eid in slow)
+
+    # One runs; two wait in the worker's prefetch, scheduled on it.
+    until(procs, lambda: statuses() == ["running", "scheduled", "scheduled"], timeout=10)
+    assert {execution(db, eid)["worker_name"] for eid in slow} == {"w-one"}
+    for eid in slow:
+        done = until_status(procs, db, eid, TERMINAL, timeout=20)
+        assert done["status"] == "completed", done
+        assert summary(attempts(db, eid)) == [(1, "w-one", "completed")]
+    # One slot: each started when (in the very transaction) the one before ended.
+    spans = sorted((execution(db, eid)["started"], execution(db, eid)["ended"]) for eid in slow)
+    for (_, ended), (started, _) in pairwise(spans):
+        assert ended <= started, spans

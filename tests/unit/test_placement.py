@@ -117,3 +117,23 @@ def test_place_keeps_claim_order_and_mixes_kinds() -> None:
     assigned = dict(result.assigned)
     assert assigned[1] == 1
     assert assigned[4] == 1
+
+
+# ---------------------------------------------------------------------------
+# Prefetch: executions a worker takes beyond its slots
+# ---------------------------------------------------------------------------
+
+
+def test_prefetch_takes_claims_beyond_the_slots_and_no_more() -> None:
+    full = Candidate(id=1, runtimes=["python"], actions=list(PY_ACTIONS), capacity=2, load=2, prefetch=2)
+    result = place([py_claim(i) for i in range(4)], [full])
+    assert result.assigned == [(0, 1), (1, 1)]
+    assert result.no_capacity == [2, 3]
+
+
+def test_a_free_slot_anywhere_is_filled_before_anyones_prefetch() -> None:
+    busy = Candidate(id=1, runtimes=["python"], actions=list(PY_ACTIONS), capacity=2, load=2, prefetch=4)
+    idle = Candidate(id=2, runtimes=["python"], actions=list(PY_ACTIONS), capacity=2, load=1, prefetch=0)
+    result = place([py_claim(i) for i in range(3)], [busy, idle])
+    assert result.assigned[0] == (0, 2)  # the idle slot first
+    assert [w for _, w in result.assigned[1:]] == [1, 1]  # then the busy worker's prefetch

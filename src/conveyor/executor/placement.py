@@ -21,9 +21,12 @@ class Candidate:
     id: int
     runtimes: Sequence[str]
     actions: Sequence[str]
-    capacity: int
-    load: int
+    capacity: int  # slots: executions it runs at once
+    load: int  # executions on it: scheduled (prefetched) or running
     accepting: bool = True  # False: alive but draining or cordoned
+    # Executions it takes beyond its slots, waiting on it to start the moment a slot
+    # frees (worker.prefetch): a slot then never waits for a scheduling round.
+    prefetch: int = 0
 
     def can_run(self, claim: Claim) -> bool:
         # Python actions need the worker to have imported their code; subprocess
@@ -34,7 +37,7 @@ class Candidate:
 
     @property
     def free(self) -> int:
-        return self.capacity - self.load
+        return self.capacity + self.prefetch - self.load
 
 
 @dataclass(slots=True)
@@ -48,7 +51,9 @@ def place(claims: Sequence[Claim], workers: Sequence[Candidate]) -> Placement:
     """Assign claims in order, each to the least loaded capable worker with a free slot
     (load relative to capacity, then absolute load, then id for determinism), preferring
     workers that have not already let this execution time out unstarted. A worker that
-    is alive but not accepting still counts as capable: the execution waits for it."""
+    is alive but not accepting still counts as capable: the execution waits for it.
+    Free means a free slot or room in the worker's prefetch; least loaded first, so an
+    idle slot anywhere is filled before anyone's prefetch."""
     result = Placement()
     for claim in claims:
         capable = [w for w in workers if w.can_run(claim)]

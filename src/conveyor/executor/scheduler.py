@@ -39,6 +39,9 @@ class RoundResult:
     failed: int
     handed_back: int
     asked: int = 0  # inquiries asked (scheduling -> pending)
+    # A claim came back full (batch_size rows): more may wait. A claim cut short by the
+    # free capacity is not: the next round would only find the workers full again.
+    more: bool = False
 
 
 class Scheduler:
@@ -59,6 +62,7 @@ class Scheduler:
         self._unplaceable_check_interval = unplaceable_check_interval
         self._workflow_max_depth = workflow_max_depth
         self._next_unplaceable_check = 0.0
+        self._full = False  # the last claim filled a batch
         self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
 
     async def run_round(self) -> RoundResult:
@@ -88,7 +92,7 @@ class Scheduler:
                 failpoints.reach("scheduler.after_dispatch")
         for eid, error in failures.items():
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
-        return RoundResult(len(rows), dispatched, failed, released, asked)
+        return RoundResult(len(rows), dispatched, failed, released, asked, more=self._full)
 
     async def _claim(self, conn: Any) -> list[ClaimedExecution]:
         """requested -> scheduling, committed without waiting for the WAL flush."""
@@ -116,13 +120,16 @@ class Scheduler:
             picked = await conn.execute(Q["pick_executor_run"], {"limit": self._batch_size})
             rows: list[ClaimedExecution] = list(await claiming.fetchall()) if claiming else []
             ids = [r["id"] for r in await picked.fetchall()]
+            self._full = len(rows) >= self._batch_size or len(ids) >= self._batch_size
             if ids:
                 rows += await _fetch(conn, ClaimedExecution, Q["claim_executor_run"],
                                      {"ids": ids, "executor": self._executor_id})  # fmt: skip
             # The unplaceable query scans the whole backlog: run it only every so often.
             if time.monotonic() >= self._next_unplaceable_check:
                 self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
-                rows += await self._claim_unplaceable(conn, workers)
+                unplaceable = await self._claim_unplaceable(conn, workers)
+                self._full = self._full or len(unplaceable) >= self._batch_size
+                rows += unplaceable
         return rows
 
     async def _dispatch(

@@ -154,11 +154,12 @@ class ExecutorService:
                 log.warning("scheduling round failed; database unreachable", error=str(exc).strip())
                 await _sleep_or_stop(stop, poll)
                 continue
-            if result.claimed and result.dispatched + result.failed + result.asked == result.claimed:
-                continue  # a full round placed everything: there may be more waiting
+            if result.more and result.dispatched + result.failed + result.asked == result.claimed:
+                continue  # a full batch placed whole: there may be more waiting
             # Idle: sleep until the next wake-up, the poll, or the earliest delayed request
             # (not_before), whichever comes first -- so it is placed at its time.
-            await self._bell.wait(await self._until_next_delayed(poll))
+            # (Already rung, by a wake-up during the round: no need to ask how long.)
+            await self._bell.wait(0.0 if self._bell.rung else await self._until_next_delayed(poll))
 
     async def _until_next_delayed(self, poll: float) -> float:
         try:

@@ -78,13 +78,15 @@ class LiveWorker:
     capacity: int
     accepting: bool  # active and not cordoned: may be given work
     load: int  # executions on it now (scheduled, running, canceling)
+    prefetch: int  # executions it takes beyond its slots (worker.prefetch)
 
     @property
     def free(self) -> int:
-        return self.capacity - self.load
+        return self.capacity + self.prefetch - self.load
 
     def candidate(self) -> Candidate:
-        return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting)
+        return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting,
+                         self.prefetch)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,11 @@ class Doorbell:
             self.payloads.append(payload)
         self._event.set()
 
+    @property
+    def rung(self) -> bool:
+        """Rung since the last ``wait``: the next ``wait`` returns at once."""
+        return self._event.is_set()
+
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - a bounded wait is the point
         rung = False
         with suppress(TimeoutError):

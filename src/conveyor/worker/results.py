@@ -2,16 +2,23 @@
 
 A result waits in memory until it is written; the row stays ``running`` meanwhile,
 which recovery (not this writer) arbitrates if the worker is gone too long.
+
+The transaction that records results also claims the next executions for the slots
+they freed (``Refill``): finishing one execution and starting the next cost one round
+trip and one WAL flush, not two -- at a small concurrency that flush is most of an
+execution's cost. The claim commits durably before anything it claimed runs, as the
+claim loop's does.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import structlog
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -20,12 +27,15 @@ from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import ERROR_LIMIT, clean_text
 from conveyor.store.queries import Q
+from conveyor.store.rows import ClaimedRun
 from conveyor.worker.instrument import observe_result
 
 log = structlog.get_logger(__name__)
 
-# Completions are written in batches of at most this many rows per statement.
+# Completions are written in batches of at most this many rows per statement, with at
+# most this many batches in flight.
 _BATCH = 500
+_WRITES = 2
 # What a write raises because of the data it carries, not because the database is away:
 # retried as it is, it would fail for ever. (The runners make results storable first;
 # this is the net under them.)
@@ -51,14 +61,31 @@ class Finished:
         return Finished(self.execution_id, self.attempt, AttemptEnd.FAILED, decision, result, error, self.action)
 
 
+class Refill(Protocol):
+    """The worker's side of claiming in the result transaction."""
+
+    def reserve(self) -> int:
+        """Slots to claim for now (0: none); reserved until ``claimed`` is called."""
+
+    def claimed(self, rows: list[ClaimedRun], reserved: int, *, in_doubt: bool = False) -> None:
+        """Start what was claimed and free the reservation; ``in_doubt``: the commit went
+        unanswered, so rows may have been claimed all the same."""
+
+
 class ResultWriter:
-    def __init__(self, pool: AsyncConnectionPool[Any], worker: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], worker: str, refill: Refill | None = None) -> None:
         self._pool = pool
         self._worker = worker
+        self._refill = refill
         self.worker_id: int | None = None
         self._queue: asyncio.Queue[Finished] = asyncio.Queue()
         # Executions whose result is queued or being written (their rows are still running).
         self.pending: set[int] = set()
+
+    @property
+    def queued(self) -> int:
+        """Results waiting for the next write (not yet in one)."""
+        return self._queue.qsize()
 
     def put(self, finished: Finished) -> None:
         self.pending.add(finished.execution_id)
@@ -77,21 +104,35 @@ class ResultWriter:
         return True
 
     async def run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < _BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+        # Up to _WRITES batches in flight, each its own transaction on its own connection:
+        # a result that comes while one commits goes in the next at once, and PostgreSQL
+        # flushes the WAL of commits that wait together once (group commit). With a few
+        # slots that finish apart, one at a time would pay a flush per result.
+        writing = asyncio.Semaphore(_WRITES)
+        async with asyncio.TaskGroup() as tasks:
+            while True:
+                first = await self._queue.get()
+                await writing.acquire()  # meanwhile more results join this batch
+                batch = [first]
+                while len(batch) < _BATCH and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                tasks.create_task(self._write_batch(batch, writing))
+
+    async def _write_batch(self, batch: list[Finished], writing: asyncio.Semaphore) -> None:
+        try:
             await self._write_each(batch)
-            for f in batch:
-                self.pending.discard(f.execution_id)
-                self._queue.task_done()
+        finally:
+            writing.release()
+        for f in batch:
+            self.pending.discard(f.execution_id)
+            self._queue.task_done()
 
     async def _write_each(self, batch: list[Finished]) -> None:
         """Write the batch; when its data is refused, each row on its own, so that a result
         that cannot be stored neither holds back nor takes down the others. That one ends
         failed, with the reason (not retried: the same result would be refused again)."""
         try:
-            await self._write(batch)
+            await self._write(batch, claim=True)
             return
         except _REFUSED as exc:
             if len(batch) > 1:
@@ -108,7 +149,7 @@ class ResultWriter:
             log.error("cannot record the execution failed either", execution_id=f.execution_id,
                       error=clean_text(str(exc), ERROR_LIMIT))  # fmt: skip
 
-    async def _write(self, batch: list[Finished]) -> None:
+    async def _write(self, batch: list[Finished], claim: bool = False) -> None:
         delay = 0.1
         ids = [f.execution_id for f in batch]
         params = {
@@ -121,23 +162,42 @@ class ResultWriter:
             "errors": [f.error for f in batch],
         }
         while True:
+            # The first try of a batch also claims for the free slots; a retry only
+            # records (the claim loop takes over once the in-doubt claim is resolved).
+            limit = self._refill.reserve() if claim and self._refill is not None else 0
+            claim = False
+            claimed: list[ClaimedRun] = []
             try:
-                # Pipelined: the update and its wake-ups go in one round trip with the
-                # commit. The wake-up names every id of the batch; waiters re-read rows.
+                # Pipelined: the update, its wake-ups and the claim go in one round trip
+                # with the commit. The wake-up names every id of the batch; waiters re-read rows.
                 async with self._pool.connection() as conn, conn.pipeline():
                     async with conn.transaction():
                         cursor = await conn.execute(Q["finish"], {**params, "worker": self.worker_id})
                         if failpoints.armed("worker.before_result_commit"):
                             await cursor.fetchall()  # the update (and its triggers) done, uncommitted
                         failpoints.reach("worker.before_result_commit")
+                        if limit:
+                            claiming = conn.cursor(row_factory=class_row(ClaimedRun))
+                            await claiming.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
                     written = {r["id"] for r in await cursor.fetchall()}
-                break
+                    if limit:
+                        claimed = list(await claiming.fetchall())
             except psycopg.OperationalError as exc:
+                if limit and self._refill is not None:
+                    self._refill.claimed([], limit, in_doubt=True)
                 if isinstance(exc, _REFUSED):  # a statement over a limit of the server's
                     raise
                 log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            except BaseException:  # refused data, or cancelled: maybe mid-commit, so in doubt too
+                if limit and self._refill is not None:
+                    self._refill.claimed([], limit, in_doubt=True)
+                raise
+            if limit and self._refill is not None:
+                self._refill.claimed(claimed, limit)
+            break
         for f in batch:
             if f.execution_id not in written:
                 log.warning("late result refused: the execution moved on without this attempt",

@@ -6,6 +6,13 @@ dispatched to it (scheduled -> running, guarded by worker), run up to
 ``max_concurrent_tasks`` at once, and record results in batches fenced by
 (execution, worker, attempt).
 
+Executors place up to ``worker.prefetch`` executions on it beyond its slots. The
+transaction that records results claims from those for the slots it frees (results.py),
+so at a small concurrency a slot waits neither for a scheduling round nor for a second
+commit. Claims come from two places, this claim loop (woken by dispatches) and the
+result writer: ``_reserved`` counts the slots a claim in flight may fill, so that the
+two together never start more than ``max_concurrent_tasks``.
+
 When it loses its standing (declared dead, or unable to heartbeat) it stops every
 execution it runs -- those are being recovered elsewhere -- and rejoins when it can.
 """
@@ -81,9 +88,11 @@ class WorkerService:
         # stopped without one, it is released (runs.py).
         self._runs = Runs()
         self._tasks: asyncio.TaskGroup | None = None  # supervises every task of run()
-        self._results = ResultWriter(pool, self.name)
+        self._results = ResultWriter(pool, self.name, refill=self)
         # A claim failed with the connection: it may have committed all the same.
         self._claim_in_doubt = False
+        self._reserved = 0  # slots a claim in flight may fill
+        self._stop: asyncio.Event | None = None
         self._next_cancel_check = 0.0
         self._bell = Doorbell()
         self._liveness = Liveness(
@@ -94,7 +103,9 @@ class WorkerService:
                 "name": self.name,
                 "runtimes": self.cfg.runtimes,
                 "actions": sorted(ref for ref, a in self._actions.items() if a.runner_type == "python"),
-                "capabilities": Jsonb({"max_concurrent_tasks": self.cfg.max_concurrent_tasks}),
+                "capabilities": Jsonb(
+                    {"max_concurrent_tasks": self.cfg.max_concurrent_tasks, "prefetch": self.cfg.prefetched}
+                ),
                 "capacity": self.cfg.max_concurrent_tasks,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
@@ -129,6 +140,7 @@ class WorkerService:
 
     async def run(self, stop: asyncio.Event, fast_stop: asyncio.Event) -> None:
         assert self.worker_id is not None, "register() first"
+        self._stop = stop
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tasks = tg
@@ -152,9 +164,12 @@ class WorkerService:
         stop_bell = self._spawn(_ring_on(stop, self._bell), "worker-stop-bell")
         try:
             while not stop.is_set():
-                free = self.cfg.max_concurrent_tasks - len(self._runs.active())
+                # Slots whose results wait to be written are the writer's to fill.
+                free = self._free_slots() - self._results.queued
                 claimed = 0
-                if free > 0 and self._liveness.accepting.is_set():
+                # An in-doubt claim is looked for only while no other claim is in flight:
+                # rows that one commits would look unknown (and run twice).
+                if free > 0 and self._liveness.accepting.is_set() and not (self._claim_in_doubt and self._reserved):
                     try:
                         if self._claim_in_doubt:
                             await self._start_unknown_claims()
@@ -177,14 +192,46 @@ class WorkerService:
     async def _claim(self, limit: int) -> int:
         # Pipelined: BEGIN and the claim travel together; the commit is flushed before
         # anything runs (a claim lost in a crash must not leave an action running).
-        async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-            cursor = conn.cursor(row_factory=class_row(ClaimedRun))
-            await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
-            rows: list[ClaimedRun] = await cursor.fetchall()
+        self._reserved += limit
+        rows: list[ClaimedRun] = []
+        try:
+            async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
+                cursor = conn.cursor(row_factory=class_row(ClaimedRun))
+                await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
+                rows = await cursor.fetchall()
+        finally:
+            self._reserved -= limit
         observe_claims(rows)
         for row in rows:
             self._start(row)
         return len(rows)
+
+    def _free_slots(self) -> int:
+        return self.cfg.max_concurrent_tasks - len(self._runs.active()) - self._reserved
+
+    def reserve(self) -> int:
+        """The result writer's claim (results.Refill): the slots free now, reserved."""
+        stopping = self._stop is None or self._stop.is_set()
+        if stopping or not self._liveness.accepting.is_set():
+            return 0
+        if self._claim_in_doubt:
+            self._bell.ring()  # the claim loop resolves it first
+            return 0
+        free = max(0, self._free_slots())
+        self._reserved += free
+        return free
+
+    def claimed(self, rows: list[ClaimedRun], reserved: int, *, in_doubt: bool = False) -> None:
+        self._reserved -= reserved
+        if in_doubt:
+            self._claim_in_doubt = True
+        observe_claims(rows)
+        for row in rows:
+            self._start(row)
+        if in_doubt or len(rows) < reserved:
+            # Slots still free: the claim loop looks again (a dispatch it was rung for
+            # while they were reserved may have committed after this claim's snapshot).
+            self._bell.ring()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A task under run()'s task group: none is left running or loses its exception."""
@@ -266,7 +313,8 @@ class WorkerService:
             result = ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
         finally:
             self._runs.finished(run)  # a cancel that came after the run ended: the finish records it
-            self._bell.ring()  # a slot is free
+            if run.state is RunState.STOPPED:
+                self._bell.ring()  # a slot is free (otherwise the writer claims for it with the result)
         end = AttemptEnd.TIMEOUT if result.timed_out else AttemptEnd.FAILED
         end = AttemptEnd.COMPLETED if result.succeeded else end
         decision = after_run(end, attempt, self._retry.overridden(row.settings.get("retry")), result.error)

@@ -77,8 +77,10 @@ SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0))
 -- clock), and their liveness lock held unless the server restarted (or crashed) since
 -- they took it. ``accepting`` ones (active, not cordoned) may be given work; the others
 -- still count as able to run an action, so its executions wait rather than fail.
+-- ``prefetch``: executions it takes beyond its slots (registered in its capabilities).
 SELECT w.id, w.name, w.runtimes, w.actions, w.capacity,
        (w.status = 'active' AND NOT w.cordoned) AS accepting,
+       coalesce((w.capabilities ->> 'prefetch')::int, 0) AS prefetch,
        (SELECT count(*) FROM execution e
         WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load
 FROM worker w

@@ -37,8 +37,14 @@ ORDER BY name;
 -- started (since it was scheduled), and of the oldest one waiting to be placed (since
 -- it was requested or its backoff ended; those still waiting out a backoff or waiting
 -- for admission are left out: conveyor_admission_oldest_wait_seconds covers the latter).
-SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(scheduled)), 0)::float8
-                 FROM execution WHERE status = 'scheduled'), 0) AS scheduled_oldest,
+-- As for the schedule-to-start monitor (overdue_scheduled), not one waiting in the prefetch
+-- of a worker whose every slot runs an execution: that worker is taking work.
+SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(e.scheduled)), 0)::float8
+                 FROM execution e LEFT JOIN worker w ON w.id = e.worker
+                 WHERE e.status = 'scheduled'
+                   AND NOT coalesce((SELECT count(*) FROM execution r
+                                     WHERE r.worker = e.worker AND r.status IN ('running', 'canceling'))
+                                    >= w.capacity, false)), 0) AS scheduled_oldest,
        coalesce((SELECT greatest(extract(epoch FROM now() - min(greatest(e.created, e.not_before))), 0)::float8
                  FROM execution e
                  WHERE e.status = 'requested' AND (e.not_before IS NULL OR e.not_before <= now())

@@ -1,0 +1,150 @@
+"""Helpers of bench/core.py: scratch databases, processes, /proc readings, the reference.
+
+Nothing here measures Conveyor itself; core.py does, with these."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from conveyor.app import prepare_database
+
+SCHEMA = "conveyor"
+TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
+Conn = psycopg.Connection[Any]
+
+
+def fresh_database(server_url: str, name: str, *, migrate: bool = True) -> str:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    if migrate:
+        prepare_database(url, SCHEMA)
+    return url
+
+
+def drop_database(server_url: str, name: str) -> None:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def start(role: str, env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
+    log = open(logdir / f"{role}.log", "wb")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen([sys.executable, "-m", "conveyor", role], env=env, stdout=log, stderr=log)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def wait_for(conn: Conn, query: str, done: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(query).fetchone()
+        if row and row[0] == done:
+            return
+        time.sleep(0.01)
+    raise SystemExit(f"timed out waiting for: {query}")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (/proc/PID/stat)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM), in MB."""
+    match = re.search(r"^VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+    return int(match.group(1)) / 1024 if match else float("nan")
+
+
+def commits(conn: Conn) -> int:
+    row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
+def pct(values: list[float], p: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
+
+
+def server_settings(url: str) -> dict[str, str]:
+    names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "commit_delay")
+    with psycopg.connect(url) as conn:
+        return {n: str(conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(n))).fetchone()[0]) for n in names}  # type: ignore[index]
+
+
+def reference(server_url: str, seconds: float) -> list[tuple[str, float, float]]:
+    """(what, tps, ms per transaction): pgbench -N (simple-update, one durable commit per
+    transaction) at 1 and 2 clients on a scratch database, or without pgbench a loop of
+    single-row UPDATE commits on one connection."""
+    name = f"conveyor_bench_ref_{os.getpid()}"
+    url = fresh_database(server_url, name, migrate=False)
+    out: list[tuple[str, float, float]] = []
+    try:
+        pgbench = shutil.which("pgbench")
+        if pgbench:
+            info = psycopg.conninfo.conninfo_to_dict(url)
+            args = [pgbench, "-h", str(info.get("host", "127.0.0.1")), "-p", str(info.get("port", 5432)),
+                    "-U", str(info.get("user", "postgres"))]  # fmt: skip
+            subprocess.run([*args, "-i", "-q", "-s", "1", name], check=True, capture_output=True)
+            for clients in (1, 2):
+                bench = [*args, "-N", "-c", str(clients), "-j", str(clients), "-T", str(max(1, round(seconds))), name]
+                run = subprocess.run(bench, check=True, capture_output=True, text=True)
+                tps = float(re.search(r"tps = ([\d.]+)", run.stdout).group(1))  # type: ignore[union-attr]
+                lat = float(re.search(r"latency average = ([\d.]+) ms", run.stdout).group(1))  # type: ignore[union-attr]
+                out.append((f"pgbench -N -c {clients}", tps, lat))
+        else:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE t (id int PRIMARY KEY, n bigint)")
+                conn.execute("INSERT INTO t VALUES (1, 0)")
+                n, begin = 0, time.monotonic()
+                while time.monotonic() - begin < seconds:
+                    conn.execute("UPDATE t SET n = n + 1 WHERE id = 1")
+                    n += 1
+                elapsed = time.monotonic() - begin
+                out.append(("single-row UPDATE loop", n / elapsed, elapsed * 1000 / n))
+    finally:
+        drop_database(server_url, name)
+    return out
+
+
+def delete_broker_objects(amqp_url: str, prefix: str, worker_ids: list[int]) -> None:
+    import asyncio
+
+    import aio_pika
+
+    async def clean() -> None:
+        async with await aio_pika.connect(amqp_url) as connection:
+            channel = await connection.channel()
+            queues = [f"{prefix}.executor.requests", f"{prefix}.dlx.queue"]
+            queues += [f"{prefix}.worker.{w}.executions" for w in worker_ids]
+            for queue in queues:
+                await channel.queue_delete(queue)
+            for exchange in (f"{prefix}.executions", f"{prefix}.events", f"{prefix}.dlx"):
+                await channel.exchange_delete(exchange)
+
+    asyncio.run(clean())
