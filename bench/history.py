@@ -219,6 +219,29 @@ def fill(url: str, rows: int) -> float:
     return rows / elapsed
 
 
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several phases' measurements as one: every run's throughput, every latency sample."""
+    tputs = [t for r in results for t in r["tputs"]]
+    lat = sorted(v for r in results for v in r["lat"])
+    return {
+        "tput": statistics.median(tputs),
+        "tputs": tputs,
+        "lat": lat,
+        "ref": statistics.mean(r["ref"] for r in results),
+    }
+
+
+def sizes(url: str) -> tuple[str, str, int]:
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT pg_size_pretty(pg_total_relation_size('execution')),"
+            " pg_size_pretty(pg_total_relation_size('execution_attempt')),"
+            " (SELECT reltuples::bigint FROM pg_class WHERE oid = 'execution'::regclass)"
+        ).fetchone()
+        assert row
+        return str(row[0]), str(row[1]), int(row[2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -235,6 +258,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement per phase")
     parser.add_argument("--keep", action="store_true", help="keep the filled database afterwards")
     parser.add_argument("--fill-only", action="store_true", help="create and fill the database, measure nothing")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="no fill: measure the filled --database (kept by --keep) against a fresh empty one, alternating "
+        "empty/full --rounds times (drift in the machine's load then hits both alike)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="empty/full alternations with --reuse")
     args = parser.parse_args()
 
     with psycopg.connect(args.url) as conn:
@@ -242,6 +272,23 @@ def main() -> None:
             name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
             for name in ("server_version", "synchronous_commit", "shared_buffers", "work_mem")
         }
+    if args.reuse:
+        url = psycopg.conninfo.make_conninfo(args.url, dbname=args.database)
+        empty_url = fresh_database(args.url, f"{args.database}_empty")
+        with connect(empty_url) as conn:
+            conn.execute(
+                "INSERT INTO worker (name, status, runtimes, stale_after) VALUES ('bench-worker', 'inactive', '{}', 30)"
+            )
+        empties, fulls = [], []
+        for _ in range(args.rounds):
+            empties.append(measure(args, empty_url, "empty"))
+            fulls.append(measure(args, url, "full"))
+        report(args, settings, None, sizes(url), merge(empties), merge(fulls))
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(f"{args.database}_empty"))
+            )
+        return
     url = fresh_database(args.url, args.database)
     with connect(url) as conn:  # the worker row the history points at (the bench worker takes it over)
         conn.execute(
@@ -253,14 +300,21 @@ def main() -> None:
         return
     empty = measure(args, url, "empty")
     rate = fill(url, args.rows)
-    with connect(url) as conn:
-        row = conn.execute(
-            "SELECT pg_size_pretty(pg_total_relation_size('execution')),"
-            " pg_size_pretty(pg_total_relation_size('execution_attempt'))"
-        ).fetchone()
-        assert row
     full = measure(args, url, "full")
+    report(args, settings, rate, sizes(url), empty, full)
+    if not args.keep:
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.database)))
 
+
+def report(
+    args: argparse.Namespace,
+    settings: dict[str, Any],
+    rate: float | None,
+    size: tuple[str, str, int],
+    empty: dict[str, Any],
+    full: dict[str, Any],
+) -> None:
     print("Conveyor history benchmark")
     print(f"  machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("  postgres: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
@@ -268,29 +322,27 @@ def main() -> None:
         f"  processes: 1 executor + 1 worker (postgres transport), executor.batch_size={args.batch_size}, "
         f"worker.max_concurrent_tasks={args.concurrency}"
     )
+    filled = f"by COPY at {rate:,.0f} rows/s" if rate else "(reused)"
     print(
-        f"  fill: {args.rows:,} finished executions + attempts by COPY at {rate:,.0f} rows/s "
-        f"(execution {row[0]}, execution_attempt {row[1]} with indexes)"
+        f"  history: ~{size[2]:,} finished executions + attempts {filled} "
+        f"(execution {size[0]}, execution_attempt {size[1]} with indexes)"
     )
     print(
-        f"  throughput: {args.n} core.noop per run, median of {args.repeat}; latency: {args.rate:g}/s for "
-        f"{args.seconds:g}s x {args.repeat}, requested -> started (database clock)"
+        f"  throughput: {args.n} core.noop per run, median of {len(empty['tputs'])}; latency: {args.rate:g}/s for "
+        f"{args.seconds:g}s x {len(empty['tputs'])}, requested -> started (database clock)"
     )
     print("  reference: one-row autocommit UPDATE loop, statements/s (same database, not touching history)")
-    print(f"{'history':<12} {'executions/s':>13} {'runs':>22} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'ref/s':>7}")
-    for label, res in (("empty", empty), (f"{args.rows:,}", full)):
+    print(f"{'history':<12} {'executions/s':>13} {'runs':>30} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'ref/s':>7}")
+    for label, res in (("empty", empty), (f"{size[2]:,}", full)):
         lat: list[float] = res["lat"]
         runs = "/".join(f"{t:,.0f}" for t in res["tputs"])
         print(
-            f"{label:<12} {res['tput']:>13,.0f} {runs:>22} {pct(lat, 50):>7.2f} {pct(lat, 95):>7.2f} "
+            f"{label:<12} {res['tput']:>13,.0f} {runs:>30} {pct(lat, 50):>7.2f} {pct(lat, 95):>7.2f} "
             f"{pct(lat, 99):>7.2f} {res['ref']:>7,.0f}"
         )
     ratio = float(full["tput"]) / float(empty["tput"])
     lat_ratio = pct(full["lat"], 50) / pct(empty["lat"], 50)
     print(f"full/empty: throughput {ratio:.2f}x, latency p50 {lat_ratio:.2f}x")
-    if not args.keep:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.database)))
 
 
 if __name__ == "__main__":
