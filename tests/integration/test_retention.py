@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor.retention import DUTY, Retention
+from conveyor.metrics import EXECUTIONS_PURGED
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from integration.builders import finished, request
@@ -205,7 +206,9 @@ async def test_the_duty_applies_the_policy_one_replica_at_a_time(
     assert await retention.purge() == 0
     other_session.execute(Q["duty_unlock"], DUTY)
 
+    counted = EXECUTIONS_PURGED.labels("completed")._value.get()
     assert await retention.purge() == 4  # max_batches x batch_size
+    assert EXECUTIONS_PURGED.labels("completed")._value.get() == counted + 4
     assert await retention.purge() == 1
     assert ids(conn) == {kept_failed, young}
     assert not set(done) & ids(conn)

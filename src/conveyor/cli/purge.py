@@ -42,7 +42,8 @@ def purge(
     params = {"older_than": seconds, "statuses": statuses, "batch": batch_size}
     with _connect() as conn:
         try:
-            row = conn.execute(Q["purgeable_executions"], params).fetchone()
+            with console.status("counting (a large backlog takes a while: ~30 s for 7 M)"):
+                row = conn.execute(Q["purgeable_executions"], params).fetchone()
             count = int(row["count"]) if row else 0
             if count == 0:
                 console.print(f"no {what} to purge", highlight=False)
