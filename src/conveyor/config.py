@@ -25,6 +25,7 @@ from pydantic_settings import (
 
 from conveyor.config_keys import ENV_PREFIX, KeyChecker, canonicalize, check_unknown, env_path, mask_secrets
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.retention import retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT
 
 
@@ -277,6 +278,30 @@ class ScheduleSettings(_Section):
     batch_size: int = Field(100, ge=1, le=10_000, description="due schedules fired per pass")
 
 
+class RetentionSettings(_Section):
+    """Finished executions kept per status (seconds, or 30s/15m/12h/7d; null/"off": kept for
+    good), purged by the executors in bounded batches (purge_executions, migration 0024)."""
+
+    completed: float | None = Field(7 * 86_400, ge=0, description="completed executions are kept this long")
+    cancelled: float | None = Field(7 * 86_400, ge=0, description="cancelled executions are kept this long")
+    failed: float | None = Field(30 * 86_400, ge=0, description="failed executions are kept this long")
+    timeout: float | None = Field(30 * 86_400, ge=0, description="timed-out executions are kept this long")
+    abandoned: float | None = Field(30 * 86_400, ge=0, description="abandoned executions are kept this long")
+    interval: float = Field(60, gt=0, description="seconds between retention runs (one replica at a time)")
+    batch_size: int = Field(1000, ge=1, le=100_000, description="top-level executions deleted per transaction")
+    max_batches: int = Field(100, ge=1, description="batches per run at most (the rest waits for the next run)")
+
+    @field_validator("completed", "cancelled", "failed", "timeout", "abandoned", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return retention_seconds(value)
+
+    def policy(self) -> dict[str, float]:
+        """Seconds kept, by finished status, for the statuses that are purged at all."""
+        kept = {s: getattr(self, s) for s in ("completed", "cancelled", "failed", "timeout", "abandoned")}
+        return {status: seconds for status, seconds in kept.items() if seconds is not None}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
@@ -297,6 +322,7 @@ class Settings(BaseSettings):
     workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)  # type: ignore[arg-type]
     events: EventSettings = Field(default_factory=EventSettings)  # type: ignore[arg-type]
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)  # type: ignore[arg-type]
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod

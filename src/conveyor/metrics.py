@@ -37,6 +37,11 @@ DUTY_FAILING = Gauge(
     "1 while an executor duty has failed executor.duty_failures_before_unready times in a row",
     ["duty"],
 )
+EXECUTIONS_PURGED = Counter(
+    "conveyor_executions_purged_total",
+    "Finished executions deleted by this executor's retention duty (retention.*), by the status of the purge",
+    ["status"],
+)
 OUTBOX_DEPTH = Gauge("conveyor_outbox_depth", "Outbox messages committed but not yet published")
 OUTBOX_PUBLISHED = Counter("conveyor_outbox_published_total", "Outbox messages published and confirmed by the broker")
 

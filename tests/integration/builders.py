@@ -291,3 +291,26 @@ def waiting_on_a_lock(conn: Conn, pid: int) -> bool:
     """Whether the server shows session ``pid`` waiting for a lock."""
     row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
     return row is not None and row["wait_event_type"] == "Lock"
+
+
+def finished(conn: Conn, status: str = "completed", days: float = 40, parent: int | None = None) -> int:
+    """A finished execution (one attempt) that ended ``days`` ago, for retention tests. Made
+    with triggers off: the guarded path only inserts requested rows and cannot backdate."""
+    conn.execute("SET session_replication_role = replica")
+    try:
+        eid = int(
+            conn.execute(
+                "INSERT INTO execution (id, action_ref, status, parent, attempt, created, updated, ended)"
+                " VALUES (nextval('execution_id_seq'), 'core.noop', %s, %s, 1,"
+                " now() - make_interval(days => %s), now() - make_interval(days => %s),"
+                " now() - make_interval(days => %s)) RETURNING id",
+                (status, parent, days, days, days),
+            ).fetchone()["id"]
+        )
+        conn.execute(
+            "INSERT INTO execution_attempt (execution, attempt, worker_name, outcome) VALUES (%s, 1, 'w', %s)",
+            (eid, status),
+        )
+    finally:
+        conn.execute("RESET session_replication_role")
+    return eid

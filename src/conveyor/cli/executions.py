@@ -15,12 +15,14 @@ from rich.text import Text
 
 from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
 from conveyor.cli.policies import describe_admission
+from conveyor.cli.purge import purge
 from conveyor.cli.workflows import show_tree
 from conveyor.domain.models import Execution, ExecutionSummary
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
 
-app = typer.Typer(help="Inspect, cancel, pause, resume and rerun executions.", no_args_is_help=True)
+app = typer.Typer(help="Inspect, cancel, pause, resume, rerun and purge executions.", no_args_is_help=True)
+app.command("purge")(purge)
 
 _STYLE = {
     "completed": "green",

@@ -20,6 +20,7 @@ from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.events import Enforcer
 from conveyor.executor.recovery import Recovery
+from conveyor.executor.retention import Retention
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
@@ -50,6 +51,7 @@ class ExecutorService:
             workflow_max_depth=settings.workflow.max_depth,
         )
         self._recovery = Recovery(pool, settings)
+        self._retention = Retention(pool, settings.retention)
         self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size)
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
@@ -140,6 +142,9 @@ class ExecutorService:
                            name="executor-idempotency-keys")  # fmt: skip
             tg.create_task(self._every(stop, cfg.inquiry_check_interval, self._expire_inquiries),
                            name="executor-inquiries")  # fmt: skip
+            # Retention of finished executions: one replica at a time by its own lock (retention.py).
+            tg.create_task(self._every(stop, self.settings.retention.interval, self._purge_history, shared=False),
+                           name="executor-retention")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
 
@@ -266,6 +271,10 @@ class ExecutorService:
         async with self._pool.connection() as conn:
             cursor = await conn.execute(Q["purge_idempotency_keys"], {"retention": retention})
             return int(cursor.rowcount)
+
+    async def _purge_history(self) -> int:
+        """Finished executions past their retention.<status> age (executor/retention.py)."""
+        return await self._retention.purge()
 
     async def _refresh_gauges(self) -> None:
         """The execution, worker and backlog gauges (executor/gauges.py)."""

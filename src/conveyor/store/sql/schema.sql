@@ -1223,6 +1223,112 @@ CREATE FUNCTION conveyor.property_ok(types text[], enum jsonb, minimum text, max
     END
 $$;
 
+CREATE FUNCTION conveyor.purge_blocked(root bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    WITH RECURSIVE tree(id) AS (
+        SELECT root
+        UNION ALL
+        SELECT c.id FROM execution c JOIN tree t ON c.parent = t.id
+    )
+    SELECT EXISTS (SELECT 1 FROM tree t JOIN execution e ON e.id = t.id
+                   WHERE e.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+        OR EXISTS (SELECT 1 FROM tree t JOIN dead_letter d ON d.execution = t.id WHERE d.resolution IS NULL)
+        OR EXISTS (SELECT 1 FROM tree t
+                   JOIN workflow_task_dispatch d ON d.execution = t.id
+                   JOIN workflow_execution w ON w.id = d.workflow_execution
+                   JOIN execution we ON we.id = w.execution
+                   WHERE we.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+        OR EXISTS (SELECT 1 FROM tree t
+                   JOIN workflow_execution w ON w.execution = t.id
+                   JOIN workflow_execution r ON r.rerun_of = w.id
+                   JOIN execution re ON re.id = r.execution
+                   WHERE re.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+$$;
+
+CREATE FUNCTION conveyor.purge_cutoff(older_than interval) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF older_than IS NULL OR older_than < interval '0' THEN
+        RAISE EXCEPTION 'older_than must be a duration of zero or more, not %', coalesce(older_than::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN now() - older_than;
+END
+$$;
+
+CREATE FUNCTION conveyor.purge_executions(older_than interval, statuses text[] DEFAULT NULL::text[], batch integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    wanted text[] := purge_statuses(statuses);
+    cutoff timestamptz := purge_cutoff(older_than);
+    roots bigint[];
+    doomed bigint[];
+    n bigint;
+BEGIN
+    IF batch IS NULL OR batch < 1 THEN
+        RAISE EXCEPTION 'batch must be 1 or more, not %', coalesce(batch::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- (status, updated) index: the oldest finished rows of each wanted status.
+    SELECT array_agg(r.id) INTO roots FROM (
+        SELECT e.id FROM execution e
+        WHERE e.status = ANY(wanted) AND e.updated < cutoff AND e.parent IS NULL
+          AND NOT purge_blocked(e.id)
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED
+    ) r;
+    IF roots IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH RECURSIVE tree(id) AS (
+        SELECT unnest(roots)
+        UNION ALL
+        SELECT c.id FROM execution c JOIN tree t ON c.parent = t.id
+    )
+    SELECT array_agg(id) INTO doomed FROM tree;
+    DELETE FROM dead_letter WHERE execution = ANY(doomed);
+    DELETE FROM outbox WHERE execution = ANY(doomed);
+    DELETE FROM enforcement WHERE execution = ANY(doomed);
+    DELETE FROM execution WHERE id = ANY(doomed);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION conveyor.purge_statuses(statuses text[]) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    finished CONSTANT text[] := ARRAY['completed', 'failed', 'timeout', 'cancelled', 'abandoned'];
+    bad text;
+BEGIN
+    IF statuses IS NULL THEN
+        RETURN finished;
+    END IF;
+    SELECT string_agg(coalesce(s, 'NULL'), ', ') INTO bad FROM unnest(statuses) s WHERE s IS NULL OR s <> ALL(finished);
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'only finished executions can be purged (completed, failed, timeout, cancelled, abandoned), not %', bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN statuses;
+END
+$$;
+
+CREATE FUNCTION conveyor.purgeable_executions(older_than interval, statuses text[] DEFAULT NULL::text[]) RETURNS bigint
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT count(*) FROM execution e
+    WHERE e.status = ANY(purge_statuses(statuses)) AND e.updated < purge_cutoff(older_than) AND e.parent IS NULL
+$$;
+
 CREATE FUNCTION conveyor.register_rule(ref text, trigger text, criteria jsonb, action_ref text, parameters jsonb, enabled boolean DEFAULT true, description text DEFAULT NULL::text, definition jsonb DEFAULT NULL::jsonb, OUT rule_id bigint, OUT created boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -2979,6 +3085,8 @@ CREATE INDEX enforcement_created_idx ON conveyor.enforcement USING btree (create
 
 CREATE INDEX enforcement_event_idx ON conveyor.enforcement USING btree (event);
 
+CREATE INDEX enforcement_execution_idx ON conveyor.enforcement USING btree (execution) WHERE (execution IS NOT NULL);
+
 CREATE INDEX enforcement_rule_created_idx ON conveyor.enforcement USING btree (rule, created);
 
 CREATE INDEX event_received_idx ON conveyor.event USING btree (received);
@@ -3042,6 +3150,8 @@ CREATE INDEX worker_status_heartbeat_idx ON conveyor.worker USING btree (status,
 CREATE INDEX workflow_event_workflow_idx ON conveyor.workflow_event USING btree (workflow_execution, id);
 
 CREATE INDEX workflow_execution_deadline_idx ON conveyor.workflow_execution USING btree (deadline) WHERE (deadline IS NOT NULL);
+
+CREATE INDEX workflow_execution_rerun_of_idx ON conveyor.workflow_execution USING btree (rerun_of) WHERE (rerun_of IS NOT NULL);
 
 CREATE INDEX workflow_task_dispatch_deadline_idx ON conveyor.workflow_task_dispatch USING btree (deadline) WHERE (deadline IS NOT NULL);
 

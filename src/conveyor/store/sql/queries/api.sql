@@ -52,11 +52,17 @@ LIMIT %(limit)s;
 
 -- name: executions_changed
 -- Executions whose row changed after the cursor (updated, id), oldest change first:
--- the event stream's page.
+-- the event stream's page. The status list (every status: test_named_queries checks it)
+-- and the plain bound on updated let the (status, updated) index find the few rows
+-- changed since the cursor; without them each poll scanned the whole table (3.9 s at
+-- 10 M finished rows, issue #14).
 SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name, e.attempt, e.created,
        e.updated, e.started, e.ended
 FROM execution e LEFT JOIN worker w ON w.id = e.worker
-WHERE (e.updated, e.id) > (%(updated)s::timestamptz, %(id)s::bigint)
+WHERE e.status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling',
+                   'completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+  AND e.updated >= %(updated)s::timestamptz
+  AND (e.updated, e.id) > (%(updated)s::timestamptz, %(id)s::bigint)
 ORDER BY e.updated, e.id
 LIMIT 500;
 
@@ -66,7 +72,9 @@ LIMIT 500;
 SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name, e.attempt, e.created,
        e.updated, e.started, e.ended
 FROM execution e LEFT JOIN worker w ON w.id = e.worker
-WHERE e.updated > %(back)s::timestamptz AND (e.updated, e.id) <= (%(updated)s::timestamptz, %(id)s::bigint)
+WHERE e.status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling',
+                   'completed', 'failed', 'timeout', 'cancelled', 'abandoned')  -- the index, as above
+  AND e.updated > %(back)s::timestamptz AND (e.updated, e.id) <= (%(updated)s::timestamptz, %(id)s::bigint)
 ORDER BY e.updated DESC, e.id DESC
 LIMIT 500;
 

@@ -30,4 +30,12 @@ SELECT ref, pack, name, description, runner_type, runtime, parameters_schema, me
 FROM action WHERE ref = %(ref)s;
 
 -- name: counts_by_status
-SELECT status, count(*)::bigint AS n FROM execution GROUP BY status ORDER BY status;
+-- The dashboard's overview: every execution not finished, and the finished ones of the
+-- last hour (database clock). Counting all finished rows read the whole table on every
+-- refresh (7.4 s at 10 M rows, issue #14); both parts are ranges of the (status, updated)
+-- index (a finished row is not updated again, so `updated` is its end).
+SELECT status, count(*)::bigint AS n FROM execution
+WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling')
+   OR (status IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+       AND updated >= now() - interval '1 hour')
+GROUP BY status ORDER BY status;

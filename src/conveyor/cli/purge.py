@@ -1,0 +1,77 @@
+"""``conveyor executions purge``: delete finished executions older than an age, through
+``purge_executions`` (migration 0024) -- the executors' retention duty's SQL function --
+in batches, each its own short transaction, with a progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from conveyor.cli.context import console
+from conveyor.cli.dead_letters import _confirm, _connect
+from conveyor.domain.errors import ConveyorError
+from conveyor.domain.retention import FINISHED, RetentionError, check_statuses, parse_age
+from conveyor.store.db import Row
+from conveyor.store.queries import Q
+
+
+def purge(
+    older_than: Annotated[
+        str,
+        typer.Option("--older-than", metavar="AGE", help="Finished longer ago than this: 90, 15m, 12h, 30d, 2w."),
+    ],
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", metavar="STATUS", help=f"Only this status (repeatable): {', '.join(FINISHED)}."),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=100_000, help="Top-level executions per transaction.")] = 1000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say how many would go; delete nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete finished executions (with their attempts, workflow children and state, idempotency
+    keys, inquiries, dead letters, outbox rows and enforcements) older than --older-than.
+    Unfinished ones, and trees a live workflow or an unresolved dead letter still refers to,
+    stay. Asks for confirmation unless --yes."""
+    seconds = parse_age(older_than)
+    statuses = check_statuses(status) if status else None
+    what = f"{'/'.join(statuses) if statuses else 'finished'} executions older than {older_than}"
+    params = {"older_than": seconds, "statuses": statuses, "batch": batch_size}
+    with _connect() as conn:
+        try:
+            with console.status("counting (a large backlog takes a while: ~30 s for 7 M)"):
+                row = conn.execute(Q["purgeable_executions"], params).fetchone()
+            count = int(row["count"]) if row else 0
+            if count == 0:
+                console.print(f"no {what} to purge", highlight=False)
+                return
+            if dry_run:
+                console.print(f"would purge {count} {what} (workflow children go with them)", highlight=False)
+                return
+            if not yes and not _confirm(f"Delete {count} {what} (and their workflow children)?"):
+                raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
+            purged = _run(conn, params, count)
+        except psycopg.errors.InvalidParameterValue as exc:  # the function's own checks
+            raise RetentionError(exc.diag.message_primary or str(exc)) from None
+    console.print(f"purged {purged} execution(s)", highlight=False)
+
+
+def _run(conn: psycopg.Connection[Row], params: Mapping[str, Any], count: int) -> int:
+    """Batches until one deletes nothing; the bar counts executions deleted (children
+    included, so its total grows when workflows had children)."""
+    done = 0
+    columns = (TextColumn("purging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("purge", total=count)
+        while True:
+            row = conn.execute(Q["purge_executions"], params).fetchone()
+            purged = int(row["purged"]) if row else 0
+            if purged == 0:
+                break
+            done += purged
+            progress.update(task, completed=done, total=max(count, done))
+        progress.update(task, total=done)
+    return done
