@@ -36,7 +36,8 @@ def rss_mb(pid: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    default_url = "postgresql://postgres@127.0.0.1:5432/postgres"
+    parser.add_argument("--url", default=os.environ.get("BENCH_DATABASE_URL", default_url))
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--in-flight", type=int, default=500)
     parser.add_argument("--sleep", type=float, default=20.0)
@@ -46,8 +47,13 @@ def main() -> None:
     name = f"conveyor_soak_{os.getpid()}"
     url = fresh_database(args.url, name)
     logdir = Path(tempfile.mkdtemp(prefix="conveyor-soak-"))
-    env = {**os.environ, "DATABASE_URL": url, "CONVEYOR__DATABASE__SCHEMA_NAME": SCHEMA,
-           "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.in_flight), "CONVEYOR__LOG__LEVEL": "WARNING"}  # fmt: skip
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.in_flight),
+        "CONVEYOR__WORKER__NAME": "soak-worker",
+        "CONVEYOR__LOG__LEVEL": "warning",
+    }
     procs = [start("executor", env, logdir), start("worker", env, logdir)]
     worker = procs[1]
     samples: list[tuple[float, float, int]] = []  # (minutes, RSS MB, completed so far)
