@@ -85,9 +85,10 @@ def own_broker_env(db_url: str, mq_prefix: str, broker_ctl: None) -> Iterator[di
 # -- 3 and 4. the broker restarted, connections killed, under load ------------------------------
 
 
-# Sleeps of 0.25 s on 2 x 10 slots: a batch of 200 keeps the workers busy for 2.5 s at
-# least, so the fault (which takes rabbitmqctl a second or two) hits work in flight.
-LOAD = ("core.sleep", {"seconds": 0.25})
+# Sleeps of 0.5 s on 2 x 10 slots: a batch of 200 keeps the workers busy for 5 s at least,
+# so the fault hits work in flight even when it takes rabbitmqctl a few seconds (each call
+# starts an Erlang VM; slower with the suite's other processes running beside it).
+LOAD = ("core.sleep", {"seconds": 0.5})
 
 
 def _under_load(procs: Procs, env: dict[str, str], db: Conn) -> tuple[list[Proc], list[int]]:

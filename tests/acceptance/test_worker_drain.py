@@ -150,7 +150,9 @@ def test_cordon_uncordon_and_drain(procs: Procs, env: dict[str, str], db: Conn) 
 
     # wa runs a long one and holds two more it cannot start yet (wb cordoned meanwhile).
     assert procs.run("workers", "cordon", "wb").returncode == 0
-    long = request(db, "core.sleep", {"seconds": 4})
+    # Long enough to outlast the four CLI calls below on a busy machine (at 4 s it ended
+    # first once, and the slot it freed took the two held ones before the drain).
+    long = request(db, "core.sleep", {"seconds": 12})
     assert until_status(procs, db, long, {"running"})["worker_name"] == "wa"
     held = request_executions(db, [("core.noop", {})] * 2)
     until(procs, lambda: all(execution(db, eid)["status"] == "scheduled" for eid in held))
