@@ -35,15 +35,25 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, min(6, 2 * (os.cpu_count() or 1)))
 
 
-_FIRST = ("chaos", "acceptance", "integration")  # the longest tests first: see pyproject.toml
+# The longest tests first (see pyproject.toml): the chaos runs, then the model-based and
+# schema-fuzzing modules (single tests of a minute or more: started late, one alone made the
+# run's tail), then the real-process tests, then the rest of the integration tests.
+_SLOW_MODULES = frozenset({"test_model.py", "test_model_workflows.py", "test_api_schema.py", "test_api_events.py"})
+
+
+def _rank(item: pytest.Item) -> int:
+    parts = item.path.parts
+    if "chaos" in parts:
+        return 0
+    if item.path.name in _SLOW_MODULES:
+        return 1
+    if "acceptance" in parts:
+        return 2
+    return 3 if "integration" in parts else 4
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        parts = item.path.parts
-        return next((i for i, folder in enumerate(_FIRST) if folder in parts), len(_FIRST))
-
-    items.sort(key=rank)  # stable: within a folder, the collection order
+    items.sort(key=_rank)  # stable: within a folder, the collection order
 
 
 def _with_database(url: str, database: str) -> str:
