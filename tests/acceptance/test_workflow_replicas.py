@@ -41,6 +41,7 @@ INSERT INTO workflow_event (workflow_execution, kind, execution)
 SELECT w.id, 'child_ended', c.id
 FROM execution c JOIN workflow_execution w ON w.execution = c.parent
 WHERE c.parent = ANY(%s) AND c.status = ANY(%s)
+ORDER BY w.id, c.id
 ON CONFLICT DO NOTHING
 """
 
@@ -57,7 +58,13 @@ class Replayer(threading.Thread):
         try:
             with psycopg.connect(self.url, autocommit=True, options="-c search_path=conveyor") as conn:
                 while not self.stop.wait(0.02):
-                    self.replayed += conn.execute(REPLAY, (self.parents, list(TERMINAL))).rowcount
+                    try:
+                        self.replayed += conn.execute(REPLAY, (self.parents, list(TERMINAL))).rowcount
+                    except psycopg.errors.DeadlockDetected:
+                        # Its many-row insert takes key-share locks on workflow rows the
+                        # replicas are updating; the server picked this side. The engine
+                        # retries its own pass; a replaying client does the same.
+                        continue
                     conn.execute("SELECT pg_notify('conveyor.workflow', '')")
         except BaseException as exc:
             self.error = exc
