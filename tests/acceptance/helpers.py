@@ -133,8 +133,11 @@ class Proc:
             f"--- stdout ---\n{self.stdout()[-_LOG_TAIL:]}\n--- stderr ---\n{self.stderr()[-_LOG_TAIL:]}"
         )
 
-    def wait_for_log(self, text: str, timeout: float = 20.0) -> None:
-        """Wait until ``text`` appears in stdout or stderr; fail at once if the process exits."""
+    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+        """Wait until ``text`` appears in stdout or stderr; fail at once if the process exits.
+        The default bound is generous on purpose: a process starting beside three other test
+        processes on two cores took over 20 s to log that it was up (a cold import of the web
+        stack under that load); a process that dies fails at once anyway."""
 
         def logged() -> bool:
             if text in self.stderr() or text in self.stdout():

@@ -84,7 +84,7 @@ def test_the_readme_workflow_runs_as_the_readme_says(procs: Procs, tmp_path: Pat
         rows: list[dict[str, object]] = procs.json("inquiries", "list")
         return rows or None
 
-    [inquiry] = eventually(asked, timeout=30, interval=0.2, message=procs.logs)
+    [inquiry] = eventually(asked, timeout=60, interval=0.2, message=procs.logs)
     answered = procs.run("inquiries", "respond", str(inquiry["id"]), "--data", "{}")
     assert answered.returncode == 0, describe(answered)
 
@@ -92,6 +92,6 @@ def test_the_readme_workflow_runs_as_the_readme_says(procs: Procs, tmp_path: Pat
         execution: dict[str, object] = procs.json("executions", "get", str(eid))
         return execution if execution["status"] in ("completed", "failed") else None
 
-    execution = eventually(done, timeout=30, interval=0.2, message=procs.logs)
+    execution = eventually(done, timeout=60, interval=0.2, message=procs.logs)
     assert execution["status"] == "completed", execution
     assert execution["result"] == {"said": ["hello ada", "hello bo"], "approved": {}}

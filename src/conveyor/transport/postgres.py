@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from typing import Any
 
 import psycopg
 import structlog
@@ -60,22 +61,31 @@ class PostgresTransport(Transport):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            # Closed in ``finally``, not by ``async with conn``: that rolls back first when
+            # the block raises, and a cancellation landing in that rollback (a shutdown)
+            # skipped the close -- the session lived on until the garbage collector found
+            # it. ``close()`` never waits, so nothing can interrupt it.
             try:
-                async with conn:
-                    for name in self._bells:
-                        await conn.execute(listen_statement(name))
-                    delay = 0.1
-                    self._connected = True
-                    ready.set()
-                    # Anything published while we were not listening is found by
-                    # the consumers' next read: wake them all now.
-                    self._ring_all()
-                    async for note in conn.notifies():
-                        for bell in self._bells.get(note.channel, ()):
-                            bell.ring(note.payload)
+                await self._listen(conn, ready)
+                continue  # the server ended the notifications stream: listen again at once
             except psycopg.OperationalError as exc:
-                self._connected = False
+                if self._connected:  # it had listened: a new outage, the back-off starts over
+                    delay, self._connected = 0.1, False
                 log.warning("listener connection lost; reconnecting", error=str(exc).strip())
                 transport_error("postgres", "consume")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            finally:
+                await conn.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any], ready: asyncio.Event) -> None:
+        for name in self._bells:
+            await conn.execute(listen_statement(name))
+        self._connected = True
+        ready.set()
+        # Anything published while we were not listening is found by the consumers' next
+        # read: wake them all now.
+        self._ring_all()
+        async for note in conn.notifies():
+            for bell in self._bells.get(note.channel, ()):
+                bell.ring(note.payload)
