@@ -30,14 +30,18 @@ from pathlib import Path
 
 import psycopg
 from core_kit import (  # bench/, next to this file
-    SCHEMA,
-    TERMINAL,
     Conn,
     commits,
+    connect,
+    conveyor_env,
     cpu_seconds,
     delete_broker_objects,
     drop_database,
+    ended_since,
+    enqueue_noops,
+    finished,
     fresh_database,
+    paced_latency,
     pct,
     peak_rss_mb,
     reference,
@@ -46,8 +50,6 @@ from core_kit import (  # bench/, next to this file
     stop,
     wait_for,
 )
-
-from conveyor.sdk import request_executions
 
 
 @dataclass
@@ -77,54 +79,31 @@ def throughput(conn: Conn, n: int, batch: int, pids: list[int]) -> tuple[float, 
     """(executions/s, CPU ms per execution, commits per execution) for n core.noop."""
     truncate(conn)
     cpu0, commits0 = cpu_seconds(pids), commits(conn)
-    with conn.transaction():
-        for start_at in range(0, n, batch):
-            request_executions(conn, [("core.noop", {})] * min(batch, n - start_at))
-    row = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row
-    t0 = row[0]
-    wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", n, timeout=900)
+    t0 = enqueue_noops(conn, n, batch)
+    wait_for(conn, finished(), n, timeout=900)
     cpu1, commits1 = cpu_seconds(pids), commits(conn)
-    row = conn.execute(
-        "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed') FROM execution",
-        (t0,),
-    ).fetchone()
-    assert row
-    elapsed, completed = float(row[0]), int(row[1])
+    elapsed, completed = ended_since(conn, t0)
     if completed != n:
         raise SystemExit(f"only {completed} of {n} completed")
     return n / elapsed, (cpu1 - cpu0) * 1000 / n, (commits1 - commits0) / n
 
 
 def latency(conn: Conn, rate: float, seconds: float) -> list[float]:
-    total = max(2, int(rate * seconds))
     truncate(conn)
-    begin = time.monotonic()
-    for i in range(total):
-        delay = begin + i / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        conn.execute("SELECT request_execution('core.noop', '{}')")
-    wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", total, timeout=120)
-    rows = conn.execute(
-        "SELECT extract(epoch FROM started - created) * 1000 FROM execution WHERE started IS NOT NULL"
-    ).fetchall()
-    return sorted(float(r[0]) for r in rows)
+    return paced_latency(conn, rate, max(2, int(rate * seconds)))
 
 
 def run_one(args: argparse.Namespace, transport: str, concurrency: int, n: int) -> Figures:
     """One executor + one worker on ``transport`` at ``concurrency``."""
     name = f"conveyor_bench_{os.getpid()}"
     url = fresh_database(args.url, name)
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "CONVEYOR__TRANSPORT": transport,
-        "CONVEYOR__EXECUTOR__BATCH_SIZE": str(args.batch_size),
-        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(concurrency),
-        "CONVEYOR__WORKER__NAME": "bench-worker",
-        "CONVEYOR__LOG__LEVEL": "warning",
-    }
+    env = conveyor_env(
+        url,
+        transport=transport,
+        executor__batch_size=args.batch_size,
+        worker__max_concurrent_tasks=concurrency,
+        worker__name="bench-worker",
+    )
     if args.prefetch is not None:
         env["CONVEYOR__WORKER__PREFETCH"] = str(args.prefetch)
     prefix = f"bench{os.getpid()}c{concurrency}"
@@ -134,8 +113,7 @@ def run_one(args: argparse.Namespace, transport: str, concurrency: int, n: int) 
     procs = [start("executor", env, logdir), start("worker", env, logdir)]
     pids = [p.pid for p in procs]
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"SET search_path TO {SCHEMA}")
+        with connect(url) as conn:
             wait_for(conn, "SELECT count(*) FROM worker WHERE status = 'active'", 1, timeout=30)
             throughput(conn, min(n, 500), args.enqueue_batch, pids)  # warm-up
             per_second, cpu_ms, per_commit = throughput(conn, n, args.enqueue_batch, pids)

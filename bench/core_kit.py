@@ -1,6 +1,8 @@
-"""Helpers of bench/core.py: scratch databases, processes, /proc readings, the reference.
+"""Helpers of the benchmarks (bench/core.py, history.py, workflows.py, ...): scratch
+databases, processes, /proc readings, the reference, the core.noop throughput and
+latency loops.
 
-Nothing here measures Conveyor itself; core.py does, with these."""
+Nothing here decides what is measured; the scripts do, with these."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from conveyor.app import prepare_database
+from conveyor.sdk import request_executions
 
 SCHEMA = "conveyor"
 TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
@@ -37,6 +40,21 @@ def fresh_database(server_url: str, name: str, *, migrate: bool = True) -> str:
 def drop_database(server_url: str, name: str) -> None:
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def connect(url: str) -> Conn:
+    """An autocommit session on ``url`` with Conveyor's schema on its search path."""
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute(f"SET search_path TO {SCHEMA}")
+    return conn
+
+
+def conveyor_env(url: str, **settings: object) -> dict[str, str]:
+    """The environment of a ``conveyor`` process on ``url``, logging at warning: each
+    ``section__name=value`` becomes ``CONVEYOR__SECTION__NAME`` (``transport="postgres"``
+    becomes ``CONVEYOR__TRANSPORT``)."""
+    env = {**os.environ, "DATABASE_URL": url, "CONVEYOR__LOG__LEVEL": "warning"}
+    return env | {f"CONVEYOR__{key.upper()}": str(value) for key, value in settings.items()}
 
 
 def start(role: str, env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
@@ -65,6 +83,52 @@ def wait_for(conn: Conn, query: str, done: object, timeout: float) -> None:
     raise SystemExit(f"timed out waiting for: {query}")
 
 
+def finished(after: int = 0) -> str:
+    """How many executions past id ``after`` have ended (for ``wait_for``); counted on the
+    primary key range of a run's rows, never over a history the run did not write."""
+    return f"SELECT count(*) FROM execution WHERE id > {after} AND status IN {TERMINAL}"
+
+
+def enqueue_noops(conn: Conn, n: int, batch: int) -> Any:
+    """Request ``n`` core.noop in one transaction, ``batch`` rows a statement; returns the
+    database clock just after its commit (where a throughput run starts)."""
+    with conn.transaction():
+        for begin in range(0, n, batch):
+            request_executions(conn, [("core.noop", {})] * min(batch, n - begin))
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row
+    return row[0]
+
+
+def ended_since(conn: Conn, t0: Any, after: int = 0) -> tuple[float, int]:
+    """(seconds from ``t0`` to the last execution past id ``after`` ended, how many of
+    those completed)."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed')"
+        " FROM execution WHERE id > %s",
+        (t0, after),
+    ).fetchone()
+    assert row
+    return float(row[0]), int(row[1])
+
+
+def paced_latency(conn: Conn, rate: float, total: int, after: int = 0) -> list[float]:
+    """Request ``total`` core.noop one at a time at ``rate``/s, each its own commit; once
+    all have ended, their started - created in ms (database clock), sorted."""
+    begin = time.monotonic()
+    for i in range(total):
+        delay = begin + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        conn.execute("SELECT request_execution('core.noop', '{}')")
+    wait_for(conn, finished(after), total, timeout=120)
+    rows = conn.execute(
+        "SELECT extract(epoch FROM started - created) * 1000 FROM execution WHERE id > %s AND started IS NOT NULL",
+        (after,),
+    ).fetchall()
+    return sorted(float(r[0]) for r in rows)
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of these processes so far (/proc/PID/stat)."""
     total = 0
@@ -91,8 +155,10 @@ def pct(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
 
 
-def server_settings(url: str) -> dict[str, str]:
-    names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "commit_delay")
+SETTINGS = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "commit_delay")
+
+
+def server_settings(url: str, names: tuple[str, ...] = SETTINGS) -> dict[str, str]:
     with psycopg.connect(url) as conn:
         return {n: str(conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(n))).fetchone()[0]) for n in names}  # type: ignore[index]
 
@@ -119,17 +185,26 @@ def reference(server_url: str, seconds: float) -> list[tuple[str, float, float]]
                 out.append((f"pgbench -N -c {clients}", tps, lat))
         else:
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("CREATE TABLE t (id int PRIMARY KEY, n bigint)")
-                conn.execute("INSERT INTO t VALUES (1, 0)")
-                n, begin = 0, time.monotonic()
-                while time.monotonic() - begin < seconds:
-                    conn.execute("UPDATE t SET n = n + 1 WHERE id = 1")
-                    n += 1
-                elapsed = time.monotonic() - begin
-                out.append(("single-row UPDATE loop", n / elapsed, elapsed * 1000 / n))
+                tps = update_rate(conn, "t", seconds)
+                out.append(("single-row UPDATE loop", tps, 1000 / tps))
     finally:
         drop_database(server_url, name)
     return out
+
+
+def update_rate(conn: Conn, table: str, seconds: float) -> float:
+    """Statements/s of a one-row autocommit UPDATE loop on ``table`` (created or emptied
+    first), each a durable commit: a reference that touches nothing of Conveyor's."""
+    ident = sql.Identifier(*table.split("."))
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (n bigint)").format(ident))
+    conn.execute(sql.SQL("TRUNCATE {}").format(ident))
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (0)").format(ident))
+    update = sql.SQL("UPDATE {} SET n = n + 1").format(ident)
+    count, begin = 0, time.monotonic()
+    while time.monotonic() - begin < seconds:
+        conn.execute(update)
+        count += 1
+    return count / (time.monotonic() - begin)
 
 
 def delete_broker_objects(amqp_url: str, prefix: str, worker_ids: list[int]) -> None:

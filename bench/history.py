@@ -5,7 +5,7 @@
 
 In a fresh database ``conveyor_history`` it:
   1. measures against the (nearly) empty tables: one ``conveyor executor`` and one ``conveyor worker`` as
-     real processes (bench/core.py's helpers), throughput of N core.noop (enqueue commit -> last ended) and
+     real processes (bench/core_kit.py's helpers), throughput of N core.noop (enqueue commit -> last ended) and
      request -> start latency at a steady rate, each ``--repeat`` times, plus a reference;
   2. stops them and fills ``--rows`` finished executions and their execution_attempt rows with COPY (timed:
      the fill rate is printed), then VACUUM (ANALYZE)s them as autovacuum would have;
@@ -31,37 +31,35 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from core import SCHEMA, TERMINAL, fresh_database, pct, start, wait_for
-from psycopg import sql
+from core_kit import (  # bench/, next to this file
+    Conn,
+    connect,
+    conveyor_env,
+    drop_database,
+    ended_since,
+    enqueue_noops,
+    finished,
+    fresh_database,
+    paced_latency,
+    pct,
+    server_settings,
+    start,
+    stop,
+    update_rate,
+    wait_for,
+)
 from psycopg.copy import QueuedLibpqWriter
 
-from conveyor.sdk import request_executions
-
-Conn = psycopg.Connection[Any]
 # Finished statuses in a plausible mix, and the attempt outcome each ends with.
 MIX = (("completed", 900), ("failed", 60), ("cancelled", 20), ("timeout", 10), ("abandoned", 10))
 OUTCOME = {"abandoned": "worker_lost"}
 CHUNK = 50_000  # rows per COPY write
 
 
-def connect(url: str) -> Conn:
-    conn = psycopg.connect(url, autocommit=True)
-    conn.execute(f"SET search_path TO {SCHEMA}")
-    return conn
-
-
 def reference(url: str, seconds: float = 3.0) -> float:
     """Statements/s of a one-row autocommit UPDATE loop (each a durable commit)."""
     with connect(url) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS public.bench_reference (n bigint)")
-        conn.execute("TRUNCATE public.bench_reference")
-        conn.execute("INSERT INTO public.bench_reference VALUES (0)")
-        count, end = 0, time.monotonic() + seconds
-        begin = time.monotonic()
-        while time.monotonic() < end:
-            conn.execute("UPDATE public.bench_reference SET n = n + 1")
-            count += 1
-        return count / (time.monotonic() - begin)
+        return update_rate(conn, "public.bench_reference", seconds)
 
 
 def watermark(conn: Conn) -> int:
@@ -70,63 +68,33 @@ def watermark(conn: Conn) -> int:
     return int(row[0])
 
 
-def done_query(after: int) -> str:
-    # Counted on the primary key range of this run's rows, never over the whole history.
-    return f"SELECT count(*) FROM execution WHERE id > {after} AND status IN {TERMINAL}"
-
-
 def throughput(url: str, n: int, batch: int) -> float:
     with connect(url) as conn:
         after = watermark(conn)
-        with conn.transaction():
-            for begin in range(0, n, batch):
-                request_executions(conn, [("core.noop", {})] * min(batch, n - begin))
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
-        assert row
-        wait_for(conn, done_query(after), n, timeout=600)
-        row = conn.execute(
-            "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed')"
-            " FROM execution WHERE id > %s",
-            (row[0], after),
-        ).fetchone()
-        assert row
-        elapsed, completed = float(row[0]), int(row[1])
+        t0 = enqueue_noops(conn, n, batch)
+        wait_for(conn, finished(after), n, timeout=600)
+        elapsed, completed = ended_since(conn, t0, after)
     if completed != n:
         raise SystemExit(f"only {completed} of {n} completed")
     return n / elapsed
 
 
 def latency(url: str, rate: float, seconds: float) -> list[float]:
-    total = int(rate * seconds)
     with connect(url) as conn:
-        after = watermark(conn)
-        begin = time.monotonic()
-        for i in range(total):
-            delay = begin + i / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            conn.execute("SELECT request_execution('core.noop', '{}')")
-        wait_for(conn, done_query(after), total, timeout=120)
-        rows = conn.execute(
-            "SELECT extract(epoch FROM started - created) * 1000 FROM execution WHERE id > %s AND started IS NOT NULL",
-            (after,),
-        ).fetchall()
-    return sorted(float(r[0]) for r in rows)
+        return paced_latency(conn, rate, int(rate * seconds), after=watermark(conn))
 
 
 def measure(args: argparse.Namespace, url: str, label: str) -> dict[str, Any]:
     """One executor + one worker against ``url``: throughput and latency, ``repeat`` times each."""
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "CONVEYOR__TRANSPORT": "postgres",
-        "CONVEYOR__EXECUTOR__BATCH_SIZE": str(args.batch_size),
-        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.concurrency),
-        "CONVEYOR__WORKER__NAME": "bench-worker",
-        "CONVEYOR__LOG__LEVEL": "warning",
-    }
+    env = conveyor_env(
+        url,
+        transport="postgres",
+        executor__batch_size=args.batch_size,
+        worker__max_concurrent_tasks=args.concurrency,
+        worker__name="bench-worker",
+    )
     logdir = Path(tempfile.mkdtemp(prefix=f"conveyor-history-{label}-"))
-    procs = [start(["executor"], env, logdir), start(["worker"], env, logdir)]
+    procs = [start("executor", env, logdir), start("worker", env, logdir)]
     try:
         with connect(url) as conn:
             wait_for(conn, "SELECT count(*) FROM worker WHERE status = 'active'", 1, timeout=30)
@@ -136,10 +104,7 @@ def measure(args: argparse.Namespace, url: str, label: str) -> dict[str, Any]:
         lats = [latency(url, args.rate, args.seconds) for _ in range(args.repeat)]
         ref = (ref + reference(url)) / 2
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop(procs)
     print(f"  {label} logs: {logdir}", file=sys.stderr)
     merged = sorted(v for lat in lats for v in lat)
     return {"tput": statistics.median(tputs), "tputs": tputs, "lat": merged, "ref": ref}
@@ -267,11 +232,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="empty/full alternations with --reuse")
     args = parser.parse_args()
 
-    with psycopg.connect(args.url) as conn:
-        settings = {
-            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "synchronous_commit", "shared_buffers", "work_mem")
-        }
+    settings = server_settings(args.url, ("server_version", "synchronous_commit", "shared_buffers", "work_mem"))
     if args.reuse:
         url = psycopg.conninfo.make_conninfo(args.url, dbname=args.database)
         empty_url = fresh_database(args.url, f"{args.database}_empty")
@@ -284,10 +245,7 @@ def main() -> None:
             empties.append(measure(args, empty_url, "empty"))
             fulls.append(measure(args, url, "full"))
         report(args, settings, None, sizes(url), merge(empties), merge(fulls))
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(f"{args.database}_empty"))
-            )
+        drop_database(args.url, f"{args.database}_empty")
         return
     url = fresh_database(args.url, args.database)
     with connect(url) as conn:  # the worker row the history points at (the bench worker takes it over)
@@ -303,8 +261,7 @@ def main() -> None:
     full = measure(args, url, "full")
     report(args, settings, rate, sizes(url), empty, full)
     if not args.keep:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.database)))
+        drop_database(args.url, args.database)
 
 
 def report(

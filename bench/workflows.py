@@ -42,20 +42,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from conveyor.sdk import request_executions
 from conveyor.workflows.spec import TaskSpec, Transition, WithItems, WorkflowSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
-from core import delete_broker_objects, fresh_database, pct, wait_for
+from core_kit import (
+    TERMINAL,
+    Conn,
+    connect,
+    conveyor_env,
+    delete_broker_objects,
+    ended_since,
+    enqueue_noops,
+    finished,
+    fresh_database,
+    pct,
+    server_settings,
+    stop,
+    wait_for,
+)
 
-SCHEMA = "conveyor"
 DATABASE = "conveyor_bench_workflows"
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
-Conn = psycopg.Connection[tuple[Any, ...]]
 
 
 def sequence(ref: str, steps: int) -> WorkflowSpec:
@@ -83,28 +91,16 @@ def db_now(conn: Conn) -> Any:
     return row[0]
 
 
-def connect(url: str) -> Conn:
-    conn = psycopg.connect(url, autocommit=True)
-    conn.execute(f"SET search_path TO {SCHEMA}")
-    return conn
-
-
 def reference(url: str, n: int) -> float:
     """Plain core.noop throughput: n enqueued in one commit -> last ended."""
     with connect(url) as conn:
-        with conn.transaction():
-            request_executions(conn, [("core.noop", {})] * n)
-        t0 = db_now(conn)
-        wait_for(conn, f"SELECT count(*) FROM execution WHERE status IN {TERMINAL}", n, timeout=600)
-        row = conn.execute(
-            "SELECT extract(epoch FROM max(ended) - %s), count(*) FILTER (WHERE status = 'completed') FROM execution",
-            (t0,),
-        ).fetchone()
-        assert row
+        t0 = enqueue_noops(conn, n, batch=n)
+        wait_for(conn, finished(), n, timeout=600)
+        elapsed, completed = ended_since(conn, t0)
         conn.execute("TRUNCATE execution CASCADE")
-    if int(row[1]) != n:
-        raise SystemExit(f"reference: only {row[1]} of {n} completed")
-    return n / float(row[0])
+    if completed != n:
+        raise SystemExit(f"reference: only {completed} of {n} completed")
+    return n / elapsed
 
 
 def ended(conn: Conn, eid: int, timeout: float) -> str:
@@ -212,15 +208,13 @@ def run_once(args: argparse.Namespace, transport: str) -> dict[str, Any]:
         register(conn, sequence("bench.seq", args.steps))
         register(conn, sequence("bench.many", args.workflow_steps))
         register(conn, fan_out("bench.fanout"))
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "CONVEYOR__TRANSPORT": transport,
-        "CONVEYOR__EXECUTOR__BATCH_SIZE": str(args.batch_size),
-        "CONVEYOR__WORKFLOW__BATCH_SIZE": str(args.workflow_batch_size),
-        "CONVEYOR__WORKER__MAX_CONCURRENT_TASKS": str(args.concurrency),
-        "CONVEYOR__LOG__LEVEL": "warning",
-    }
+    env = conveyor_env(
+        url,
+        transport=transport,
+        executor__batch_size=args.batch_size,
+        workflow__batch_size=args.workflow_batch_size,
+        worker__max_concurrent_tasks=args.concurrency,
+    )
     prefix = f"benchwf{os.getpid()}"
     if transport == "rabbitmq":
         env |= {"CONVEYOR__MESSAGE_QUEUE__URL": args.amqp_url, "CONVEYOR__MESSAGE_QUEUE__PREFIX": prefix}
@@ -245,12 +239,10 @@ def run_once(args: argparse.Namespace, transport: str) -> dict[str, Any]:
         if "many" in args.only:
             out["many"] = many(url, args.workflows)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop(procs)
         if transport == "rabbitmq":
-            delete_broker_objects(args.amqp_url, prefix)
+            # The workers registered in a fresh database: ids 1..workers.
+            delete_broker_objects(args.amqp_url, prefix, worker_ids=list(range(1, args.workers + 1)))
     print(f"  {transport} logs: {logdir}", file=sys.stderr)
     return out
 
@@ -276,11 +268,7 @@ def main() -> None:
                         choices=["reference", "latency", "fanout", "many"], help="parts to run")  # fmt: skip
     args = parser.parse_args()
 
-    with psycopg.connect(args.url) as conn:
-        settings = {
-            name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers")
-        }
+    settings = server_settings(args.url, ("server_version", "fsync", "synchronous_commit", "shared_buffers"))
     transports = ["postgres", "rabbitmq"] if args.transport == "both" else [args.transport]
     results = {t: run_once(args, t) for t in transports}
 

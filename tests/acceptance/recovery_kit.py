@@ -85,3 +85,21 @@ def running_on(procs: Procs, db: Conn, eid: int, workers: dict[str, Proc]) -> tu
     victim = running["worker_name"]
     [other] = set(workers) - {victim}
     return victim, other
+
+
+def tick_command(ticks: Path, count: int) -> str:
+    """A core.local command that appends a timestamp ``count`` times, 50 ms apart, to a
+    file of its own in ``ticks`` (named by its shell's pid): as many files as copies ran."""
+    return f"for i in $(seq {count}); do date +%s.%N >> {ticks}/$$; sleep 0.05; done"
+
+
+def terminate_liveness_session(db: Conn, worker_id: int) -> None:
+    """End the worker's liveness session alone (the one holding its advisory lock), as an
+    operator's pg_terminate_backend or a proxy reset would; its other sessions stay."""
+    terminated = db.execute(
+        "SELECT pg_terminate_backend(l.pid) AS ok FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+        " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND l.classid = worker_lock_class()::oid AND l.objid = %s::oid",
+        (worker_id,),
+    ).fetchall()
+    assert [r["ok"] for r in terminated] == [True]

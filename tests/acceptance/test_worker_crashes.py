@@ -29,6 +29,8 @@ from acceptance.recovery_kit import (
     start_executor,
     start_worker,
     summary,
+    terminate_liveness_session,
+    tick_command,
     until_status,
     worker_row,
 )
@@ -164,21 +166,15 @@ def test_liveness_session_killed_while_the_process_lives_never_runs_twice_at_onc
     ticks.mkdir()
     start_executor(procs, env)
     workers = {n: start_worker(procs, env, n) for n in ("wa", "wb")}
-    eid = request(db, "core.local", {"cmd": f"for i in $(seq 40); do date +%s.%N >> {ticks}/$$; sleep 0.05; done"})
+    eid = request(db, "core.local", {"cmd": tick_command(ticks, 40)})
     victim, _ = running_on(procs, db, eid, workers)
     until(procs, lambda: any(ticks.iterdir()))
-    terminated = db.execute(
-        "SELECT pg_terminate_backend(l.pid) AS ok FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-        " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " AND l.classid = worker_lock_class()::oid AND l.objid = %s::oid",
-        (worker_row(db, victim)["id"],),
-    ).fetchall()
-    assert [r["ok"] for r in terminated] == [True]
+    terminate_liveness_session(db, worker_row(db, victim)["id"])
     workers[victim].wait_for_log("liveness session re-established", timeout=15)
 
     done = until_status(procs, db, eid, TERMINAL)
     assert done["status"] == "completed"
-    assert [(a["attempt"], a["worker_name"], a["outcome"]) for a in attempts(db, eid)] == [(1, victim, "completed")]
+    assert summary(attempts(db, eid)) == [(1, victim, "completed")]
     assert worker_row(db, victim)["status"] == "active"
     assert len(list(ticks.iterdir())) == 1  # one copy ran
     assert workers[victim].returncode is None

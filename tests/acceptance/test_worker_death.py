@@ -27,6 +27,8 @@ from acceptance.recovery_kit import (
     start_executor,
     start_worker,
     summary,
+    terminate_liveness_session,
+    tick_command,
     until_status,
     worker_row,
 )
@@ -83,20 +85,14 @@ def test_a_live_worker_whose_liveness_session_alone_dropped_keeps_its_grace(
     ticks.mkdir()
     start_executor(procs, env)
     workers = {n: start_worker(procs, env, n) for n in ("wa", "wb")}
-    eid = request(db, "core.local", {"cmd": f"for i in $(seq 60); do date +%s.%N >> {ticks}/$$; sleep 0.05; done"})
+    eid = request(db, "core.local", {"cmd": tick_command(ticks, 60)})
     victim, _ = running_on(procs, db, eid, workers)
     victim_id = worker_row(db, victim)["id"]
     until(procs, lambda: any(ticks.iterdir()))
 
     workers[victim].signal(signal.SIGSTOP)
     try:
-        terminated = db.execute(
-            "SELECT pg_terminate_backend(l.pid) AS ok FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-            " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " AND l.classid = worker_lock_class()::oid AND l.objid = %s::oid",
-            (victim_id,),
-        ).fetchall()
-        assert [r["ok"] for r in terminated] == [True]
+        terminate_liveness_session(db, victim_id)
         # An executor saw the lock gone (not a vacuous test) ...
         until(procs, lambda: worker_row(db, victim)["lock_lost_at"] is not None, timeout=10)
         # ... and the process's other sessions are what keeps it alive.

@@ -13,6 +13,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.executor.schedules import Firer
 from conveyor.executor.service import ExecutorService
 from conveyor.transport.postgres import PostgresTransport
 from integration.builders import Conn, add_worker, client_of
@@ -20,7 +21,20 @@ from support.polling import until
 
 
 @pytest.fixture
-async def executor(db_url: str, pool: AsyncConnectionPool[Any], transport: PostgresTransport) -> AsyncIterator[None]:
+async def executor(
+    db_url: str, pool: AsyncConnectionPool[Any], transport: PostgresTransport, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[list[float]]:
+    """A running executor; yields how long each idle slots pass chose to sleep, so a test
+    can wait until the executor is asleep rather than guess how long its first pass takes."""
+    sleeps: list[float] = []
+    real_until_next = Firer.until_next
+
+    async def until_next(self: Firer, poll: float) -> float:
+        wait = await real_until_next(self, poll)
+        sleeps.append(wait)
+        return wait
+
+    monkeypatch.setattr(Firer, "until_next", until_next)
     settings = Settings()
     settings.schedules.poll_interval = 30.0  # far longer than a slot: only the exact sleep fires them on time
     service = ExecutorService(settings, db_url, pool, transport)
@@ -29,7 +43,7 @@ async def executor(db_url: str, pool: AsyncConnectionPool[Any], transport: Postg
     await asyncio.wait_for(ready.wait(), 10)
     task = asyncio.create_task(service.run(stop))
     try:
-        yield
+        yield sleeps
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -45,9 +59,10 @@ def lags(conn: Conn, name: str) -> list[float]:
     return [r["lag"] for r in rows]
 
 
-@pytest.mark.usefixtures("executor")
-async def test_slots_fire_on_time(conn: Conn) -> None:
-    await asyncio.sleep(0.3)  # the executor's first pass is done: it sleeps (up to 30 s)
+async def test_slots_fire_on_time(conn: Conn, executor: list[float]) -> None:
+    # The first pass found nothing and the executor sleeps (up to 30 s): only the wake-up
+    # of the schedules created now can fire their slots on time.
+    await until(lambda: executor, timeout=10, what="the executor's first slots pass")
     with client_of(conn) as client:
         client.create_schedule("tick", every=1, action="core.noop")
         client.create_schedule("secs", cron="*/2 * * * * *", action="core.noop")

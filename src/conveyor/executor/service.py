@@ -25,6 +25,7 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
+from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -156,7 +157,7 @@ class ExecutorService:
                 # shutdown never leaves claims behind.
                 result = await asyncio.shield(self._scheduler.run_round())
             except psycopg.OperationalError as exc:
-                log.warning("scheduling round failed; database unreachable", error=str(exc).strip())
+                log_operational(log, "scheduling round", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
             if result.more and result.dispatched + result.failed + result.asked == result.claimed:
@@ -187,7 +188,7 @@ class ExecutorService:
                 # this only lets it finish rather than leave its events to the next pass.
                 result = await asyncio.shield(self._advancer.run_pass())
             except psycopg.OperationalError as exc:
-                log.warning("workflow pass failed; database unreachable", error=str(exc).strip())
+                log_operational(log, "workflow pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
             except Exception:  # a bug must not stop the loop (each workflow's own errors fail that workflow)
@@ -208,7 +209,7 @@ class ExecutorService:
                 # Shielded: a pass in flight commits or rolls back whole anyway.
                 result = await asyncio.shield(self._enforcer.run_pass())
             except psycopg.OperationalError as exc:
-                log.warning("rules pass failed; database unreachable", error=str(exc).strip())
+                log_operational(log, "rules pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
             except Exception:  # a bug must not stop the loop; the events stay pending
@@ -233,7 +234,7 @@ class ExecutorService:
                 if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
                     wait = min(wait, BUFFERED_POLL)
             except psycopg.OperationalError as exc:
-                log.warning("schedule pass failed; database unreachable", error=str(exc).strip())
+                log_operational(log, "schedule pass", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
             except Exception:  # a bug must not stop the loop
@@ -314,7 +315,7 @@ class ExecutorService:
                 else:
                     await duty()
             except psycopg.OperationalError as exc:
-                log.warning("recovery duty failed; database unreachable", duty=duty.__name__, error=str(exc).strip())
+                log_operational(log, "recovery duty", exc, duty=duty.__name__)
                 continue
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
                 self._duty_failed(duty.__name__)

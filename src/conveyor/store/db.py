@@ -132,3 +132,28 @@ def refused_for_good(exc: BaseException) -> bool:
         and not server_restarting(exc)
         and not any(s in text for s in _FULL)
     )
+
+
+# The server rolled the transaction back to break a deadlock (40P01) or a serialization
+# conflict (40001; the schema's functions raise it too, for a race they lost). psycopg
+# makes both direct subclasses of OperationalError, not of errors.TransactionRollback
+# (40000), so they are named here rather than matched by that class.
+_ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def log_operational(logger: Any, what: str, exc: psycopg.OperationalError, **fields: Any) -> None:
+    """Log a pass or duty that an OperationalError ended, which its loop retries.
+
+    A deadlock or serialization failure is an OperationalError too, but the database is
+    up and the retry is the cure: calling it "unreachable" sends an operator looking
+    for an outage that was not there. Its sqlstate tells which of the two it was."""
+    error = str(exc).strip()
+    if isinstance(exc, _ROLLED_BACK):
+        logger.info(
+            f"{what} rolled back by the database (deadlock or serialization failure); retrying",
+            sqlstate=exc.sqlstate,
+            error=error,
+            **fields,
+        )
+    else:
+        logger.warning(f"{what} failed; database unreachable", error=error, **fields)
