@@ -132,10 +132,12 @@ def request_executions(
     ids: list[int] = []
     # A savepoint inside the caller's transaction (or a transaction of its own under
     # autocommit): the chunks are stored all or none. Refusals by the database (CVA01,
-    # CVA02: an unknown action, parameters outside the SQL subset) name their row.
+    # CVA02: an unknown action, parameters outside the SQL subset) name their row, by its
+    # position in the statement's refs.
     with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         for refs, document in _chunks(requests):
-            cur.execute(query, (refs, not_before, delay, document))
+            with verbs.refusals(refs=refs):
+                cur.execute(query, (refs, not_before, delay, document))
             ids.extend(int(r[0]) for r in cur.fetchall())
     return ids
 

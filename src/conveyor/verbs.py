@@ -14,7 +14,6 @@ is then one ``execute`` plus these functions, sync or async alike.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 import psycopg
 
 from conveyor.actions.registry import AdmissionPolicy
@@ -41,14 +41,6 @@ from conveyor.domain.errors import (
 )
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
-
-# An accelerator for batches (a compiled wheel, a dependency); without it jsonschema
-# judges every document, only slower.
-jsonschema_rs: Any
-try:
-    jsonschema_rs = importlib.import_module("jsonschema_rs")
-except ImportError:  # pragma: no cover - depends on the platform's wheels
-    jsonschema_rs = None
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -72,13 +64,19 @@ _TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
 _TARGET_MAX = 255
 
 
-def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> ConveyorError | psycopg.Error:
-    """A verb's refusal as the error a user can act on; anything else unchanged."""
+def translate(
+    exc: psycopg.Error, *, action_ref: str = "", target: str = "", refs: Sequence[str] = ()
+) -> ConveyorError | psycopg.Error:
+    """A verb's refusal as the error a user can act on; anything else unchanged. ``refs``:
+    the refs of the request_execution_batch statement that raised (a batch's refusal names
+    its row by position)."""
     message = exc.diag.message_primary or str(exc)
-    # A batch (request_execution_batch) names the refused row's action in its message.
     if exc.sqlstate == UNKNOWN_ACTION:
-        return UnknownActionError(action_ref or message.removeprefix("unknown action ").strip("'"))
+        ref = action_ref or _batch_row_ref(exc, refs)
+        return UnknownActionError(ref) if ref else exc
     if exc.sqlstate == INVALID_PARAMETERS:
+        # request_execution_batch puts the refused row's ref, position and problems in the
+        # message alone (migration 0023 sets no DETAIL for CVA02): read from there.
         ref, _, problems = message.removeprefix("invalid parameters for ").partition(": ")
         return InvalidParametersError(action_ref or ref, [problems or message])
     if exc.sqlstate == KEY_REUSED:
@@ -97,13 +95,26 @@ def translate(exc: psycopg.Error, *, action_ref: str = "", target: str = "") -> 
     return exc
 
 
+# request_execution_batch's DETAIL for an unknown action: format('request %s of %s', i, n).
+_BATCH_ROW = re.compile(r"request (\d+) of \d+")
+
+
+def _batch_row_ref(exc: psycopg.Error, refs: Sequence[str]) -> str:
+    """The ref of the row a batch refused, from the row's position in the error's DETAIL
+    (1-based, in ``refs``), not from the quoted literal in its message; "" if unknown."""
+    found = _BATCH_ROW.fullmatch(exc.diag.message_detail or "")
+    row = int(found[1]) if found else 0
+    return refs[row - 1] if 0 < row <= len(refs) else ""
+
+
 @contextmanager
-def refusals(*, action_ref: str = "", target: str = "") -> Iterator[None]:
-    """Raise a verb's refusal as its ConveyorError (works around sync and async calls alike)."""
+def refusals(*, action_ref: str = "", target: str = "", refs: Sequence[str] = ()) -> Iterator[None]:
+    """Raise a verb's refusal as its ConveyorError (works around sync and async calls alike).
+    ``refs``: a request_execution_batch statement's refs (see translate)."""
     try:
         yield
     except psycopg.Error as exc:
-        translated = translate(exc, action_ref=action_ref, target=target)
+        translated = translate(exc, action_ref=action_ref, target=target, refs=refs)
         if translated is exc:
             raise
         raise translated from None
@@ -160,7 +171,7 @@ def _engines_agree(node: Any) -> bool:
 
 
 def _fast_validator(parameters_schema: dict[str, Any]) -> Any:
-    if jsonschema_rs is None or not _engines_agree(parameters_schema):
+    if not _engines_agree(parameters_schema):
         return None
     try:
         return jsonschema_rs.validator_for(parameters_schema, validate_formats=False, offline=True)

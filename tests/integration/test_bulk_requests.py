@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
+from conveyor import sdk, verbs
 from conveyor.domain.errors import InvalidParametersError, UnknownActionError
 from conveyor.sdk import request_executions
 from integration.builders import holders, policy, waiters
@@ -161,6 +162,38 @@ def test_the_sdk_names_the_refused_row(conn: Conn, typed: str, caller: psycopg.C
         request_executions(caller, [(typed, {"n": 1}), ("nope.x", {})])
     caller.commit()
     assert count(conn) == 0
+
+
+def test_a_refusal_from_the_database_names_its_row(
+    conn: Conn, typed: str, caller: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's own checks refuse first; the database's refusals (an action deleted, or its
+    schema changed, after the SDK read it) name the row too: an unknown action by its
+    position (the error's DETAIL) in the statement's refs, not by the quoted literal."""
+    odd = "test.o'dd"  # quote_literal doubles the quote
+    schemas = {typed: {}, odd: {}}  # what the SDK read: anything goes
+    monkeypatch.setattr(sdk, "_schema_of", lambda _conn, ref, _schema: schemas[ref])
+    with pytest.raises(UnknownActionError) as unknown:
+        request_executions(caller, [(typed, {"n": 1}), (odd, {}), (typed, {"n": 2})])
+    assert unknown.value.ref == odd
+    with pytest.raises(InvalidParametersError) as invalid:
+        request_executions(caller, [(typed, {"n": 1}), (typed, {"n": 11})])
+    assert invalid.value.ref == typed
+    assert invalid.value.problems == ["request 2 of 2: n must be <= 10, got 11"]
+    caller.commit()
+    assert count(conn) == 0
+
+
+def test_an_unknown_action_is_named_only_from_a_known_position(conn: Conn, typed: str) -> None:
+    with pytest.raises(psycopg.Error) as refused:
+        batch(conn, [typed, "nope.x"], [{"n": 1}, {}])
+    assert refused.value.diag.message_detail == "request 2 of 2"
+    named = verbs.translate(refused.value, refs=[typed, "nope.x"])
+    assert isinstance(named, UnknownActionError)
+    assert named.ref == "nope.x"
+    # Without the statement's refs (or an action_ref) the database's own error stands.
+    assert verbs.translate(refused.value) is refused.value
+    assert verbs.translate(refused.value, refs=[typed]) is refused.value
 
 
 def test_the_full_json_schema_check_holds_for_every_row(conn: Conn, caller: psycopg.Connection[Any]) -> None:

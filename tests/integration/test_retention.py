@@ -13,10 +13,11 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
-from conveyor.executor.retention import DUTY, Retention
+from conveyor.executor.service import ExecutorService
 from conveyor.metrics import EXECUTIONS_PURGED
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
+from conveyor.transport.postgres import PostgresTransport
 from integration.builders import finished, request
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -194,26 +195,38 @@ def other_session(db_url: str) -> Iterator[Conn]:
 
 
 async def test_the_duty_applies_the_policy_one_replica_at_a_time(
-    conn: Conn, pool: AsyncConnectionPool[Any], other_session: Conn
+    conn: Conn, pool: AsyncConnectionPool[Any], db_url: str, other_session: Conn
 ) -> None:
-    settings = Settings(retention={"completed": "7d", "failed": "off", "batch_size": 2, "max_batches": 2}).retention
+    """Through the executor's duty (DutyLocks.run(retention.purge) under ``purge_history``),
+    with executor.exclusive_duties off (the default): retention is exclusive regardless."""
+    settings = Settings(retention={"completed": "7d", "failed": "off", "batch_size": 2, "max_batches": 2})
+    assert not settings.executor.exclusive_duties
     done = [finished(conn, "completed", days=8) for _ in range(5)]
     kept_failed = finished(conn, "failed", days=400)
     young = finished(conn, "completed", days=6)
-    retention = Retention(pool, settings)
+    executor = ExecutorService(settings, db_url, pool, PostgresTransport(db_url, "conveyor"))
+    purged = EXECUTIONS_PURGED.labels("completed")
+    counted = purged._value.get()
+    try:
+        lock = {"duty": "purge_history"}  # the name old replicas lock: a rolling upgrade stays exclusive
+        other_session.execute(Q["try_duty_lock"], lock)  # another replica runs it now
+        assert await executor._purge_history() is False
+        assert set(done) <= ids(conn)  # nothing deleted
+        assert purged._value.get() == counted
+        other_session.execute(Q["duty_unlock"], lock)
 
-    other_session.execute(Q["try_duty_lock"], DUTY)  # another replica runs it now
-    assert await retention.purge() == 0
-    other_session.execute(Q["duty_unlock"], DUTY)
-
-    counted = EXECUTIONS_PURGED.labels("completed")._value.get()
-    assert await retention.purge() == 4  # max_batches x batch_size
-    assert EXECUTIONS_PURGED.labels("completed")._value.get() == counted + 4
-    assert await retention.purge() == 1
-    assert ids(conn) == {kept_failed, young}
-    assert not set(done) & ids(conn)
-    locks = (
-        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    )
-    assert conn.execute(locks).fetchone()["n"] == 0  # released after each run
+        assert await executor._purge_history() is True
+        assert len(set(done) & ids(conn)) == 1  # max_batches x batch_size = 4 went
+        assert purged._value.get() == counted + 4
+        assert await executor._purge_history() is True
+        assert purged._value.get() == counted + 5
+        assert ids(conn) == {kept_failed, young}
+        assert not set(done) & ids(conn)
+        locks = (
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        # Released after each run, while the lock connection lives on.
+        assert conn.execute(locks).fetchone()["n"] == 0
+    finally:
+        await executor._duty_locks.close()

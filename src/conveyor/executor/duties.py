@@ -1,4 +1,5 @@
-"""executor.exclusive_duties: each recovery duty on one replica at a time.
+"""executor.exclusive_duties: each recovery duty on one replica at a time (and the
+retention of finished executions always: executor/retention.py).
 
 The locks are session advisory locks on one connection of the executor's own, outside
 its pool. A transaction lock taken on a pool connection (as before) held that connection
@@ -37,12 +38,13 @@ class DutyLocks:
                 self._conn = await connect(self._url, self._schema, self._name, autocommit=True)
             return self._conn
 
-    async def run(self, duty: Callable[[], Awaitable[Any]]) -> bool:
+    async def run(self, duty: Callable[[], Awaitable[Any]], *, name: str | None = None) -> bool:
         """Run ``duty`` unless another replica runs it now; return whether it ran here.
-        Raises psycopg.OperationalError when the lock cannot be asked for."""
-        name = {"duty": duty.__name__}
+        The lock is named ``name``, by default the duty's ``__name__``. Raises
+        psycopg.OperationalError when the lock cannot be asked for."""
+        key = {"duty": name or duty.__name__}
         conn = await self._connection()
-        got = await (await conn.execute(Q["try_duty_lock"], name)).fetchone()
+        got = await (await conn.execute(Q["try_duty_lock"], key)).fetchone()
         if got is None or not got["locked"]:
             return False
         try:
@@ -51,7 +53,7 @@ class DutyLocks:
             # A broken connection took the lock with it; a new one never had it.
             if conn is self._conn and not conn.broken:
                 with contextlib.suppress(psycopg.OperationalError):
-                    await conn.execute(Q["duty_unlock"], name)
+                    await conn.execute(Q["duty_unlock"], key)
         return True
 
     async def close(self) -> None:

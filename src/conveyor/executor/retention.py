@@ -3,20 +3,25 @@ replica deletes, per finished status, the executions older than that status's
 ``retention.<status>`` age, through ``purge_executions`` (migration 0024) -- the same SQL
 function as ``conveyor executions purge``.
 
-One replica at a time: a session advisory lock (``try_duty_lock``, named
-``purge_history``) on the pool connection the run uses, released at its end or with the
-session. Each batch (``retention.batch_size`` top-level executions and their trees) is
-its own short transaction, so a run never holds many row locks nor a long snapshot; a run
-stops after ``retention.max_batches`` and the rest waits for the next one, so a first run
-on a large backlog does not take the database for itself.
+One replica at a time, whatever ``executor.exclusive_duties`` says: the service runs
+``purge`` through its ``DutyLocks`` (executor/duties.py) under the lock named ``DUTY``, a
+session advisory lock on the executor's own connection outside its pool. Concurrent
+purges would be correct (``purge_executions`` takes its roots ``FOR UPDATE SKIP LOCKED``,
+so two replicas delete disjoint trees) but each would take up to ``retention.max_batches``
+batches: with every replica purging, a large backlog would load the database once per
+replica. The lock used to be held on a pool connection, which the run then kept for all
+its batches; now a run holds a pool connection only for each batch.
+
+Each batch (``retention.batch_size`` top-level executions and their trees) is its own
+short transaction, so a run never holds many row locks nor a long snapshot; a run stops
+after ``retention.max_batches`` and the rest waits for the next one, so a first run on a
+large backlog does not take the database for itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -25,7 +30,9 @@ from conveyor.metrics import EXECUTIONS_PURGED
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
-DUTY = {"duty": "purge_history"}
+# The duty lock's name: the one the replicas before DutyLocks took, so that old and new
+# replicas still exclude each other during a rolling upgrade.
+DUTY = "purge_history"
 
 
 class Retention:
@@ -33,40 +40,27 @@ class Retention:
         self._pool = pool
         self._settings = settings
 
-    async def purge(self) -> int:
-        """One run: returns how many executions it deleted (0 when another replica runs)."""
-        policy = self._settings.policy()
-        if not policy:
-            return 0
-        async with self._pool.connection() as conn:
-            await conn.set_autocommit(True)
-            try:
-                got = await (await conn.execute(Q["try_duty_lock"], DUTY)).fetchone()
-                if got is None or not got["locked"]:
-                    return 0
-                try:
-                    return await self._run(conn, policy)
-                finally:
-                    if not conn.broken:
-                        with contextlib.suppress(psycopg.OperationalError):
-                            await conn.execute(Q["duty_unlock"], DUTY)
-            finally:
-                if not conn.broken:
-                    await conn.set_autocommit(False)
+    @property
+    def enabled(self) -> bool:
+        """Whether any finished status is purged at all (all ``off``: nothing to lock for)."""
+        return bool(self._settings.policy())
 
-    async def _run(self, conn: psycopg.AsyncConnection[Any], policy: dict[str, float]) -> int:
+    async def purge(self) -> int:
+        """One run: returns how many executions it deleted. Not exclusive by itself: the
+        caller holds the duty lock (``DUTY``)."""
         batch, budget, total = self._settings.batch_size, self._settings.max_batches, 0
-        for status, seconds in policy.items():
+        for status, seconds in self._settings.policy().items():
             while budget > 0:
                 budget -= 1
                 params = {"older_than": seconds, "statuses": [status], "batch": batch}
-                row = await (await conn.execute(Q["purge_executions"], params)).fetchone()
+                # A connection per batch: the pool's other users wait at most one batch.
+                async with self._pool.connection() as conn:
+                    row = await (await conn.execute(Q["purge_executions"], params)).fetchone()
                 purged = int(row["purged"]) if row else 0
-                if purged:
-                    EXECUTIONS_PURGED.labels(status).inc(purged)
-                    total += purged
                 if purged == 0:
                     break
+                EXECUTIONS_PURGED.labels(status).inc(purged)
+                total += purged
         if total:
             log.info("finished executions purged", purged=total)
         return total

@@ -20,6 +20,7 @@ from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.events import Enforcer
 from conveyor.executor.recovery import Recovery
+from conveyor.executor.retention import DUTY as RETENTION_DUTY
 from conveyor.executor.retention import Retention
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
@@ -59,9 +60,9 @@ class ExecutorService:
             transport.handle_dead_letters(self._dead_letters)
         self._transport = transport
         self._transport_kind = transport.kind
-        self._duty_locks = (
-            DutyLocks(url, settings.database.schema_name, "conveyor-executor-duties") if cfg.exclusive_duties else None
-        )
+        # Connected at the first duty that takes a lock: retention always does (retention.py),
+        # the other shared duties only with executor.exclusive_duties.
+        self._duty_locks = DutyLocks(url, settings.database.schema_name, "conveyor-executor-duties")
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
@@ -80,8 +81,7 @@ class ExecutorService:
         try:
             await self._run(stop)
         finally:
-            if self._duty_locks is not None:
-                await self._duty_locks.close()
+            await self._duty_locks.close()
         log.info("executor stopped", executor=self.executor_id)
 
     def _log_monitors(self) -> None:
@@ -143,7 +143,8 @@ class ExecutorService:
                            name="executor-idempotency-keys")  # fmt: skip
             tg.create_task(self._every(stop, cfg.inquiry_check_interval, self._expire_inquiries),
                            name="executor-inquiries")  # fmt: skip
-            # Retention of finished executions: one replica at a time by its own lock (retention.py).
+            # Retention of finished executions: one replica at a time whatever
+            # exclusive_duties says, so _purge_history takes the duty lock itself.
             tg.create_task(self._every(stop, self.settings.retention.interval, self._purge_history, shared=False),
                            name="executor-retention")  # fmt: skip
             reconcile_every = self.settings.message_queue.reconcile_after / 2
@@ -273,9 +274,12 @@ class ExecutorService:
             cursor = await conn.execute(Q["purge_idempotency_keys"], {"retention": retention})
             return int(cursor.rowcount)
 
-    async def _purge_history(self) -> int:
-        """Finished executions past their retention.<status> age (executor/retention.py)."""
-        return await self._retention.purge()
+    async def _purge_history(self) -> bool:
+        """Finished executions past their retention.<status> age (executor/retention.py),
+        on one replica at a time; returns whether it ran here."""
+        if not self._retention.enabled:
+            return False
+        return await self._duty_locks.run(self._retention.purge, name=RETENTION_DUTY)
 
     async def _refresh_gauges(self) -> None:
         """The execution, worker and backlog gauges (executor/gauges.py)."""
@@ -306,8 +310,8 @@ class ExecutorService:
         """Run ``duty`` every ``interval`` until stopped; a database outage is logged and
         retried at the next tick (these duties are idempotent). ``shared`` duties are the
         ones executor.exclusive_duties runs on one replica at a time (not the gauges: each
-        replica serves its own)."""
-        exclusive = shared and self._duty_locks is not None
+        replica serves its own; nor retention, which is exclusive by itself)."""
+        exclusive = shared and self.settings.executor.exclusive_duties
         while not await _sleep_or_stop(stop, interval):
             try:
                 if exclusive:
@@ -352,7 +356,6 @@ class ExecutorService:
 
     async def _exclusively(self, duty: Callable[[], Awaitable[Any]]) -> None:
         """Run ``duty`` unless another replica is running it now (executor/duties.py)."""
-        assert self._duty_locks is not None, "executor.exclusive_duties is off"
         await self._duty_locks.run(duty)
 
 

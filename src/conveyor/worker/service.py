@@ -193,17 +193,17 @@ class WorkerService:
         # Pipelined: BEGIN and the claim travel together; the commit is flushed before
         # anything runs (a claim lost in a crash must not leave an action running).
         self._reserved += limit
-        rows: list[ClaimedRun] = []
         try:
             async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
                 cursor = conn.cursor(row_factory=class_row(ClaimedRun))
                 await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
-                rows = await cursor.fetchall()
-        finally:
+                rows: list[ClaimedRun] = await cursor.fetchall()
+        except BaseException:  # nothing claimed (or in doubt: the caller sees to that)
             self._reserved -= limit
-        observe_claims(rows)
-        for row in rows:
-            self._start(row)
+            raise
+        # Not claimed(): its ring after a short claim would wake this loop at once, to
+        # claim again and come back short again -- a busy loop while nothing waits.
+        self._took(rows, limit)
         return len(rows)
 
     def _free_slots(self) -> int:
@@ -222,16 +222,22 @@ class WorkerService:
         return free
 
     def claimed(self, rows: list[ClaimedRun], reserved: int, *, in_doubt: bool = False) -> None:
-        self._reserved -= reserved
+        """The result writer's claim came back (results.Refill): ``reserved`` slots were
+        reserved for it, ``rows`` were claimed."""
         if in_doubt:
             self._claim_in_doubt = True
-        observe_claims(rows)
-        for row in rows:
-            self._start(row)
+        self._took(rows, reserved)
         if in_doubt or len(rows) < reserved:
             # Slots still free: the claim loop looks again (a dispatch it was rung for
             # while they were reserved may have committed after this claim's snapshot).
             self._bell.ring()
+
+    def _took(self, rows: list[ClaimedRun], reserved: int) -> None:
+        """The tail of both claims: the reservation given back, the rows started."""
+        self._reserved -= reserved
+        observe_claims(rows)
+        for row in rows:
+            self._start(row)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A task under run()'s task group: none is left running or loses its exception."""
