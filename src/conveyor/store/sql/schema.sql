@@ -2355,6 +2355,15 @@ CREATE FUNCTION conveyor.worker_lock_held(worker_id bigint) RETURNS boolean
     )
 $$;
 
+CREATE FUNCTION conveyor.worker_slots_full(worker_id bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT coalesce((SELECT count(*) FROM execution r
+                     WHERE r.worker = worker_id AND r.status IN ('running', 'canceling'))
+                    >= (SELECT w.capacity FROM worker w WHERE w.id = worker_id), false)
+$$;
+
 CREATE FUNCTION conveyor.worker_wake() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'

@@ -31,14 +31,14 @@ WHERE id = %(id)s;
 -- name: expired_dispatches
 -- PostgreSQL transport: dispatches a worker has not taken within the worker queue
 -- TTL, as the dead letters RabbitMQ would have produced. Not one prefetched on a worker
--- whose every slot runs an execution (worker.prefetch): that worker has taken it, as a
--- RabbitMQ worker takes (and acks) its dispatches on receipt, and waits for a slot.
+-- whose every slot runs an execution (worker_slots_full, migration 0025): that worker has
+-- taken it, as a RabbitMQ worker takes (and acks) its dispatches on receipt, and waits
+-- for a slot.
 SELECT e.id, e.attempt, e.worker, e.scheduled
-FROM execution e JOIN worker w ON w.id = e.worker
-WHERE e.status = 'scheduled'
+FROM execution e
+WHERE e.status = 'scheduled' AND e.worker IS NOT NULL
   AND e.scheduled < now() - make_interval(secs => %(ttl)s)
-  AND (SELECT count(*) FROM execution r
-       WHERE r.worker = e.worker AND r.status IN ('running', 'canceling')) < w.capacity
+  AND NOT worker_slots_full(e.worker)
 ORDER BY e.id
 LIMIT 500;
 

@@ -40,11 +40,8 @@ ORDER BY name;
 -- As for the schedule-to-start monitor (overdue_scheduled), not one waiting in the prefetch
 -- of a worker whose every slot runs an execution: that worker is taking work.
 SELECT coalesce((SELECT greatest(extract(epoch FROM now() - min(e.scheduled)), 0)::float8
-                 FROM execution e LEFT JOIN worker w ON w.id = e.worker
-                 WHERE e.status = 'scheduled'
-                   AND NOT coalesce((SELECT count(*) FROM execution r
-                                     WHERE r.worker = e.worker AND r.status IN ('running', 'canceling'))
-                                    >= w.capacity, false)), 0) AS scheduled_oldest,
+                 FROM execution e
+                 WHERE e.status = 'scheduled' AND NOT worker_slots_full(e.worker)), 0) AS scheduled_oldest,
        coalesce((SELECT greatest(extract(epoch FROM now() - min(greatest(e.created, e.not_before))), 0)::float8
                  FROM execution e
                  WHERE e.status = 'requested' AND (e.not_before IS NULL OR e.not_before <= now())

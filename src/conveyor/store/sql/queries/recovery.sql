@@ -137,9 +137,9 @@ SELECT id, status FROM moved;
 -- Scheduled executions that did not start within their schedule-to-start timeout
 -- (the action's own, else the configured default), with how many times that
 -- already happened to them. Not one prefetched on a worker whose every slot runs an
--- execution (worker.prefetch): it waits for a slot of a worker that is taking work,
--- which claims it in the very transaction that frees the slot; the monitor is for a
--- worker that never picks up work.
+-- execution (worker.prefetch, worker_slots_full): it waits for a slot of a worker that
+-- is taking work, which claims it in the very transaction that frees the slot; the
+-- monitor is for a worker that never picks up work.
 SELECT e.id, e.attempt, e.worker, w.name AS worker_name,
        (SELECT count(*) FROM execution_attempt t
         WHERE t.execution = e.id AND t.outcome IN ('not_picked_up', 'expired'))::int AS missed
@@ -147,8 +147,7 @@ FROM execution e JOIN action a ON a.ref = e.action_ref LEFT JOIN worker w ON w.i
 WHERE e.status = 'scheduled'
   AND e.scheduled < now() - make_interval(
         secs => coalesce((a.metadata ->> 'scheduled_timeout')::float8, %(default_timeout)s))
-  AND NOT coalesce((SELECT count(*) FROM execution r
-                    WHERE r.worker = e.worker AND r.status IN ('running', 'canceling')) >= w.capacity, false)
+  AND NOT worker_slots_full(e.worker)
 ORDER BY e.id
 FOR UPDATE OF e SKIP LOCKED;
 
