@@ -161,12 +161,13 @@ class ResultWriter:
             "results": [Jsonb(f.result) for f in batch],
             "errors": [f.error for f in batch],
         }
+        # The first try of a batch also claims for the free slots; a retry only records
+        # (the claim loop takes over once the in-doubt claim is resolved).
+        refill = self._refill if claim else None
         while True:
-            # The first try of a batch also claims for the free slots; a retry only
-            # records (the claim loop takes over once the in-doubt claim is resolved).
-            limit = self._refill.reserve() if claim and self._refill is not None else 0
-            claim = False
-            claimed: list[ClaimedRun] = []
+            limit = refill.reserve() if refill is not None else 0
+            if not limit:
+                refill = None  # nothing reserved: nothing to claim, now or on a retry
             try:
                 # Pipelined: the update, its wake-ups and the claim go in one round trip
                 # with the commit. The wake-up names every id of the batch; waiters re-read rows.
@@ -180,23 +181,21 @@ class ResultWriter:
                             claiming = conn.cursor(row_factory=class_row(ClaimedRun))
                             await claiming.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
                     written = {r["id"] for r in await cursor.fetchall()}
-                    if limit:
-                        claimed = list(await claiming.fetchall())
-            except psycopg.OperationalError as exc:
-                if limit and self._refill is not None:
-                    self._refill.claimed([], limit, in_doubt=True)
-                if isinstance(exc, _REFUSED):  # a statement over a limit of the server's
-                    raise
+                    claimed: list[ClaimedRun] = list(await claiming.fetchall()) if limit else []
+            except BaseException as exc:
+                # Refused data, a lost connection, a cancellation: maybe mid-commit, so the
+                # claim is in doubt whatever happened.
+                if refill is not None:
+                    refill.claimed([], limit, in_doubt=True)
+                    refill = None
+                if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, _REFUSED):
+                    raise  # refused data (or a statement over a server limit), or cancelled
                 log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            except BaseException:  # refused data, or cancelled: maybe mid-commit, so in doubt too
-                if limit and self._refill is not None:
-                    self._refill.claimed([], limit, in_doubt=True)
-                raise
-            if limit and self._refill is not None:
-                self._refill.claimed(claimed, limit)
+            if refill is not None:
+                refill.claimed(claimed, limit)
             break
         for f in batch:
             if f.execution_id not in written:
