@@ -7,6 +7,8 @@ import getpass
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -20,6 +22,7 @@ from conveyor.config import LoadedSettings, load_settings
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.embedded import resolve_url
 from conveyor.sdk import Client
+from conveyor.store.db import Row, connect_sync
 from conveyor.store.migrate import check_version, known_migrations
 
 # Tables keep their width when piped; errors are never wrapped mid-sentence.
@@ -128,3 +131,24 @@ def when(value: datetime | None) -> str:
 
 
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+APPLICATION_NAME = "conveyor-cli"
+
+
+@contextmanager
+def sql_session() -> Iterator[psycopg.Connection[Row]]:
+    """An autocommit session for the commands that call SQL functions directly (dead
+    letters, purge). A missing table (a database never migrated, or by an older Conveyor)
+    is reported by main: schema_problem."""
+    settings = state.loaded.settings
+    with connect_sync(resolve_url(settings), settings.database.schema_name, APPLICATION_NAME, autocommit=True) as conn:
+        yield conn
+
+
+def confirm(question: str) -> bool:
+    """Ask yes/no (default no); end of input or Ctrl-C is a no."""
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:
+        return False

@@ -11,8 +11,6 @@ import asyncio
 import json
 import re
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -21,18 +19,29 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state, styled, when
+from conveyor.cli.context import (
+    APPLICATION_NAME,
+    JsonOption,
+    confirm,
+    console,
+    err_console,
+    line,
+    print_json,
+    sql_session,
+    state,
+    styled,
+    when,
+)
 from conveyor.config import Settings
 from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.errors import ConveyorError
 from conveyor.embedded import resolve_url
 from conveyor.replay import Outcome, replay_one
-from conveyor.store.db import Row, connect_sync, make_pool
+from conveyor.store.db import Row, make_pool
 from conveyor.store.queries import Q
 
 app = typer.Typer(help="Inspect, replay and purge dead-lettered messages.", no_args_is_help=True)
 
-APPLICATION_NAME = "conveyor-cli"
 REPLAYED_BY = "cli"
 
 
@@ -95,16 +104,6 @@ class Filters:
 # -- database -------------------------------------------------------------------------------
 
 
-@contextmanager
-def _connect() -> Iterator[psycopg.Connection[Row]]:
-    settings = state.loaded.settings
-    schema = settings.database.schema_name
-    # A missing table (a database never migrated, or by an older Conveyor) is reported by
-    # main: cli.context.schema_problem.
-    with connect_sync(resolve_url(settings), schema, APPLICATION_NAME, autocommit=True) as conn:
-        yield conn
-
-
 def _resolution(value: str | None) -> str:
     return value or "pending"
 
@@ -139,7 +138,7 @@ def list_(
 ) -> None:
     """Newest dead letters first."""
     filters = Filters(reason, resolution, execution, queue, since)
-    with _connect() as conn:
+    with sql_session() as conn:
         rows = conn.execute(Q["list_dead_letters"], {**filters.params(), "limit": limit}).fetchall()
     if as_json:
         print_json(rows)
@@ -183,7 +182,7 @@ def show(
     dead_letter_id: Annotated[int, typer.Argument(metavar="ID", help="Dead letter id")], as_json: bool = JsonOption
 ) -> None:
     """One dead letter: every column, with the message body (payload) and headers."""
-    with _connect() as conn:
+    with sql_session() as conn:
         row = _get(conn, dead_letter_id)
     if as_json:
         print_json(row)
@@ -236,13 +235,6 @@ def _report(outcome: Outcome) -> None:
         console.print(f"dead letter {outcome.id}: replayed to {outcome.routing_key}", highlight=False)
 
 
-def _confirm(question: str) -> bool:
-    try:
-        return typer.confirm(question, default=False)
-    except typer.Abort:  # end of input, Ctrl-C
-        return False
-
-
 def _summary(ids: list[int], shown: int = 10) -> str:
     listed = ", ".join(str(i) for i in ids[:shown])
     return listed + (", …" if len(ids) > shown else "")
@@ -276,7 +268,7 @@ def replay(
         selected = list(dict.fromkeys(ids))
     else:
         include_replayed = resolution is Resolution.REPLAYED
-        with _connect() as conn:
+        with sql_session() as conn:
             params = {**filters.params(), "include_replayed": include_replayed, "limit": limit + 1}
             selected = [r["id"] for r in conn.execute(Q["select_dead_letters"], params).fetchall()]
         if not selected:
@@ -286,7 +278,7 @@ def replay(
         selected = selected[:limit]
         if more:
             console.print(f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)")
-        if not yes and not _confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?"):
+        if not yes and not confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?"):
             raise ConveyorError("not confirmed; nothing replayed (--yes skips the question)")
     outcomes = asyncio.run(
         _replay(settings, url, selected, skip_replayed=not ids and resolution is not Resolution.REPLAYED)
@@ -325,14 +317,14 @@ def purge(
         raise ConveyorError("--resolution pending selects unresolved dead letters: add --include-pending to purge them")
     params = {**filters.params(), "older_than": older_than, "include_pending": include_pending}
     del params["since"]
-    with _connect() as conn:
+    with sql_session() as conn:
         row = conn.execute(Q["count_purgeable_dead_letters"], params).fetchone()
         count = int(row["count"]) if row else 0
         if count == 0:
             console.print("no dead letters to purge")
             return
         what = "dead letter(s)" if include_pending else "resolved dead letter(s)"
-        if not yes and not _confirm(f"Delete {count} {what}?"):
+        if not yes and not confirm(f"Delete {count} {what}?"):
             raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
         deleted = len(conn.execute(Q["purge_dead_letters"], params).fetchall())
     console.print(f"purged {deleted} dead letter(s)")

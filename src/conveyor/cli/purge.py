@@ -11,8 +11,7 @@ import psycopg
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from conveyor.cli.context import console
-from conveyor.cli.dead_letters import _confirm, _connect
+from conveyor.cli.context import confirm, console, sql_session
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import FINISHED, RetentionError, check_statuses, parse_age
 from conveyor.store.db import Row
@@ -40,7 +39,7 @@ def purge(
     statuses = check_statuses(status) if status else None
     what = f"{'/'.join(statuses) if statuses else 'finished'} executions older than {older_than}"
     params = {"older_than": seconds, "statuses": statuses, "batch": batch_size}
-    with _connect() as conn:
+    with sql_session() as conn:
         try:
             with console.status("counting (a large backlog takes a while: ~30 s for 7 M)"):
                 row = conn.execute(Q["purgeable_executions"], params).fetchone()
@@ -51,7 +50,7 @@ def purge(
             if dry_run:
                 console.print(f"would purge {count} {what} (workflow children go with them)", highlight=False)
                 return
-            if not yes and not _confirm(f"Delete {count} {what} (and their workflow children)?"):
+            if not yes and not confirm(f"Delete {count} {what} (and their workflow children)?"):
                 raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
             purged = _run(conn, params, count)
         except psycopg.errors.InvalidParameterValue as exc:  # the function's own checks
