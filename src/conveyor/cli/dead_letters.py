@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import textwrap
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -35,6 +34,7 @@ from conveyor.cli.context import (
 from conveyor.config import Settings
 from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.retention import RetentionError, parse_age
 from conveyor.embedded import resolve_url
 from conveyor.replay import Outcome, replay_one
 from conveyor.store.db import Row, make_pool
@@ -50,16 +50,16 @@ Reason = DeadLetterReason  # the vocabulary is defined once, in domain/dead_lett
 
 # -- durations ----------------------------------------------------------------------------
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``1d`` (fractions allowed: ``1.5h``)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if match is None:
-        raise typer.BadParameter(f"{text!r} is not a duration: give seconds (90) or a number with s, m, h or d (15m)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``1d`` (fractions allowed: ``1.5h``):
+    the same ages a purge takes (domain.retention.parse_age), said as a duration here."""
+    try:
+        return parse_age(text)
+    except RetentionError:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration: give seconds (90) or a number with s, m, h or d (15m)"
+        ) from None
 
 
 # -- shared options -----------------------------------------------------------------------
