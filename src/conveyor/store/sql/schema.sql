@@ -1751,6 +1751,31 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.requested_candidates(refs text[], lim integer) RETURNS bigint[]
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'conveyor'
+    SET enable_sort TO 'off'
+    SET enable_incremental_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT c.id FROM unnest(refs) AS r(ref) CROSS JOIN LATERAL (
+            SELECT e.id FROM execution e
+            WHERE e.status = 'requested' AND e.action_ref >= r.ref AND e.action_ref <= r.ref
+              AND (e.not_before IS NULL OR e.not_before <= now())
+              AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
+            ORDER BY e.action_ref, e.id
+            LIMIT lim
+        ) c
+        ORDER BY c.id
+        LIMIT lim);
+END
+$$;
+
 CREATE FUNCTION conveyor.rerun_execution(p_id bigint, p_from_failed boolean, p_by text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'

@@ -3,33 +3,20 @@
 -- oldest first, skipping rows another replica holds: only those that a worker with
 -- a free slot can run (its code is there, or it offers the subprocess runtime), and
 -- not those waiting for admission (an admission policy's queue holds them back).
--- Shaped for the planner, as pick_executor_run is: the oldest few of each capable
--- action, one probe of execution_requested_action_idx each (the range in place of
--- `action_ref = a.ref` keeps the index's order usable), then the oldest of those, locked.
--- Joined to action in one scan instead, its plan rested on the statistics of status: a
--- burst of requests that autovacuum had not yet analyzed was estimated at a row or two,
--- and every round hashed and sorted the whole backlog -- 3.6 ms a round behind 3,000
--- core.noop, the largest cost of an execution at a small concurrency. The probes lock
--- nothing (a row another replica claims meanwhile is skipped by the outer lock), so a
--- round locks only what it claims.
-WITH capable AS (
-    SELECT a.ref FROM action a
-    WHERE a.ref = ANY(%(refs)s::text[])
-       OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[]))
-), candidate AS (
-    SELECT c.id FROM capable CROSS JOIN LATERAL (
-        SELECT e.id FROM execution e
-        WHERE e.status = 'requested' AND e.action_ref >= capable.ref AND e.action_ref <= capable.ref
-          AND (e.not_before IS NULL OR e.not_before <= now())
-          AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
-        ORDER BY e.action_ref, e.id
-        LIMIT %(limit)s
-    ) c
-), picked AS (
+-- requested_candidates (migration 0026) finds them at the cost of the rows it takes,
+-- whatever the statistics say; they are locked here by primary key. The status test is
+-- written `status || ''` so that no index on status can be chosen for this lock (the
+-- planner, trusting statistics of a row or two, walked one through the whole backlog);
+-- it is still re-checked on the locked row, so a row another replica claimed meanwhile
+-- is not taken.
+WITH picked AS (
     SELECT e.id FROM execution e
-    WHERE e.id IN (SELECT id FROM candidate) AND e.status = 'requested'
-    ORDER BY e.id
-    LIMIT %(limit)s
+    WHERE e.id = ANY((SELECT requested_candidates(ARRAY(
+              SELECT a.ref FROM action a
+              WHERE a.ref = ANY(%(refs)s::text[])
+                 OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[]))
+          ), %(limit)s))::bigint[])
+      AND e.status || '' = 'requested'
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE execution e

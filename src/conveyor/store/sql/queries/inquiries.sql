@@ -5,26 +5,16 @@
 -- and those an admission policy's queue holds back. Runs every round, so it must cost next
 -- to nothing when none are requested, however long the backlog of worker-run executions:
 -- a SELECT (no UPDATE: the execution statement triggers fire only when there is something
--- to claim), one probe of execution_requested_action_idx per such action (a LATERAL). The
--- range in place of `action_ref = a.ref`, and the ORDER BY on the index's columns, are for
--- the planner: with an equality it knew the ref constant and, estimating a ref's rows from
--- the backlog's few distinct refs (all of it, when one action fills it), walked
--- execution_requested_idx in id order through the whole backlog -- 5 ms a round behind
--- 20,000 core.noop. Rows a probe locks past the outer LIMIT stay requested (held until
--- this claim commits).
-SELECT r.id FROM action a
-CROSS JOIN LATERAL (
-    SELECT e.id FROM execution e
-    WHERE e.status = 'requested' AND e.action_ref >= a.ref AND e.action_ref <= a.ref
-      AND (e.not_before IS NULL OR e.not_before <= now())
-      AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
-    ORDER BY e.action_ref, e.id
-    LIMIT %(limit)s
-    FOR UPDATE OF e SKIP LOCKED
-) r
-WHERE a.runner_type IN ('workflow', 'inquiry')
-ORDER BY r.id
-LIMIT %(limit)s;
+-- to claim), one probe of execution_requested_action_idx per such action, planned as
+-- claim_requested's (requested_candidates, migration 0026: planned from the statistics it
+-- walked the whole backlog in id order, 5 ms a round behind 20,000 core.noop).
+SELECT e.id FROM execution e
+WHERE e.id = ANY((SELECT requested_candidates(ARRAY(
+          SELECT a.ref FROM action a WHERE a.runner_type IN ('workflow', 'inquiry')
+      ), %(limit)s))::bigint[])
+  AND e.status || '' = 'requested'
+ORDER BY e.id
+FOR UPDATE OF e SKIP LOCKED;
 
 -- name: claim_executor_run
 -- The executions pick_executor_run locked, claimed for this executor (requested ->
