@@ -49,3 +49,39 @@ def test_anything_else_is_the_database_unreachable(exc: psycopg.OperationalError
             "duty": "_sweep",
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("exc", "message", "level"),
+    [
+        (psycopg.errors.DeadlockDetected("deadlock detected"),
+         "the database rolled this request back (deadlock or serialization failure); retry", "info"),
+        (psycopg.OperationalError("connection refused"), "database unavailable; retry later", "warning"),
+    ],
+)  # fmt: skip
+async def test_the_api_tells_a_rolled_back_request_from_an_outage(
+    exc: psycopg.OperationalError, message: str, level: str
+) -> None:
+    """Both are 503 with Retry-After (doing it again is the cure), in words that are true."""
+    from types import SimpleNamespace
+
+    import httpx
+    from fastapi import FastAPI
+
+    from conveyor.api import errors
+
+    app = FastAPI()
+    app.state.ctx = SimpleNamespace(settings=SimpleNamespace(api=SimpleNamespace(retry_after=2)))
+    errors.install(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise exc
+
+    transport = httpx.ASGITransport(app=app)
+    with capture_logs() as events:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.get("/boom")
+    assert (response.status_code, response.headers["Retry-After"]) == (503, "2")
+    assert message in response.text
+    assert [(e["log_level"], e["path"]) for e in events] == [(level, "/boom")]

@@ -27,6 +27,7 @@ from conveyor.domain.errors import (
     UnknownActionError,
 )
 from conveyor.domain.schedules import InvalidScheduleError
+from conveyor.store.db import log_operational, rolled_back
 
 log = structlog.get_logger(__name__)
 
@@ -83,9 +84,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
         # Also the pool's PoolTimeout: no connection within api.database_timeout.
-        log.warning("API request failed; database unreachable", path=request.url.path, error=str(exc).strip())
+        log_operational(log, "API request", exc, path=request.url.path)
         retry_after = request.app.state.ctx.settings.api.retry_after
-        return error(503, "database unavailable; retry later", headers={"Retry-After": str(retry_after)})
+        # Retryable either way; only the words differ: a deadlock is not an outage.
+        message = (
+            "the database rolled this request back (deadlock or serialization failure); retry"
+            if rolled_back(exc)
+            else "database unavailable; retry later"
+        )
+        return error(503, message, headers={"Retry-After": str(retry_after)})
 
     @app.exception_handler(ClientGoneError)
     async def client_gone(request: Request, exc: ClientGoneError) -> JSONResponse:

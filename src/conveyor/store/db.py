@@ -141,6 +141,12 @@ def refused_for_good(exc: BaseException) -> bool:
 _ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
+def rolled_back(exc: BaseException) -> bool:
+    """The database rolled the transaction back (deadlock, serialization failure): it is
+    up, and doing the same again is the cure."""
+    return isinstance(exc, _ROLLED_BACK)
+
+
 def log_operational(logger: Any, what: str, exc: psycopg.OperationalError, **fields: Any) -> None:
     """Log a pass or duty that an OperationalError ended, which its loop retries.
 
@@ -148,7 +154,7 @@ def log_operational(logger: Any, what: str, exc: psycopg.OperationalError, **fie
     up and the retry is the cure: calling it "unreachable" sends an operator looking
     for an outage that was not there. Its sqlstate tells which of the two it was."""
     error = str(exc).strip()
-    if isinstance(exc, _ROLLED_BACK):
+    if rolled_back(exc):
         logger.info(
             f"{what} rolled back by the database (deadlock or serialization failure); retrying",
             sqlstate=exc.sqlstate,

@@ -42,6 +42,7 @@ from conveyor.domain.models import ActionResult
 from conveyor.domain.outcome import AttemptEnd, after_interrupted, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import ExecutionStatus, WorkerStatus
+from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun, Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -176,13 +177,13 @@ class WorkerService:
                         claimed = await self._claim(free)
                     except psycopg.OperationalError as exc:
                         self._claim_in_doubt = True
-                        log.warning("claim failed; database unreachable", error=str(exc).strip())
+                        log_operational(log, "claim", exc)
                 if self._runs.active() and asyncio.get_running_loop().time() >= self._next_cancel_check:
                     self._next_cancel_check = asyncio.get_running_loop().time() + min(poll, 0.25)
                     try:
                         await self._honour_cancellations()
                     except psycopg.OperationalError as exc:
-                        log.warning("cancellation check failed; database unreachable", error=str(exc).strip())
+                        log_operational(log, "cancellation check", exc)
                 if claimed and claimed == free:
                     continue
                 await self._bell.wait(poll)

@@ -18,6 +18,7 @@ from conveyor.api.dashboard import data, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
+from conveyor.store.db import log_operational
 
 router = APIRouter()
 log = structlog.get_logger(__name__)
@@ -39,7 +40,7 @@ async def _view(request: Request, template: str, load: Loader, live: bool = Fals
             return Response(str(exc), status_code=404, headers=HEADERS)
         return render(request, "error.html", principal, status_code=404, message=str(exc))
     except psycopg.OperationalError as exc:
-        log.warning("dashboard page failed; database unreachable", path=request.url.path, error=str(exc).strip())
+        log_operational(log, "dashboard page", exc, path=request.url.path)
         if live:
             return Response("database unavailable", status_code=503, headers={**HEADERS, "Retry-After": "1"})
         return render(request, "error.html", principal, status_code=503, message="database unavailable; retry later")

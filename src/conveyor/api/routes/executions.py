@@ -25,6 +25,7 @@ from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
 from conveyor.domain.models import summary_fields
 from conveyor.domain.status import ExecutionStatus
+from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -215,7 +216,7 @@ async def _events(
             failing = False
         except psycopg.OperationalError as exc:  # the database is away: keep the stream, poll again
             if not failing:
-                log.warning("event stream poll failed; database unreachable", error=str(exc).strip())
+                log_operational(log, "event stream poll", exc)
             failing, rows = True, []
         fresh = [r for r in rows if (r["id"], r["updated"]) not in sent]
         for row in fresh:
