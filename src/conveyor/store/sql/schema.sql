@@ -2599,7 +2599,8 @@ CREATE TABLE conveyor.execution (
     requested_by text DEFAULT NULLIF(current_setting('conveyor.requested_by'::text, true), ''::text),
     CONSTRAINT execution_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT execution_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'scheduling'::text, 'scheduled'::text, 'running'::text, 'pending'::text, 'paused'::text, 'completed'::text, 'failed'::text, 'canceling'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', vacuum_index_cleanup='on');
 
 CREATE TABLE conveyor.execution_admission_group (
     policy text NOT NULL,
