@@ -158,7 +158,10 @@ def pct(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
 
 
-SETTINGS = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "commit_delay")
+# autovacuum: the development machine's shared server runs with it off, which changes what a
+# long run measures (no cleaning of the live indexes, no automatic ANALYZE): print it.
+SETTINGS = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "commit_delay",
+            "autovacuum")  # fmt: skip
 
 
 def server_settings(url: str, names: tuple[str, ...] = SETTINGS) -> dict[str, str]:

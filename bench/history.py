@@ -238,7 +238,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="empty/full alternations with --reuse")
     args = parser.parse_args()
 
-    settings = server_settings(args.url, ("server_version", "synchronous_commit", "shared_buffers", "work_mem"))
+    names = ("server_version", "synchronous_commit", "shared_buffers", "work_mem", "autovacuum")
+    settings = server_settings(args.url, names)
     if args.reuse:
         url = psycopg.conninfo.make_conninfo(args.url, dbname=args.database)
         empty_url = fresh_database(args.url, f"{args.database}_empty")
