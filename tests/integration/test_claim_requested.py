@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.sdk import request_executions
 from conveyor.store.queries import Q
-from integration.builders import Conn, request
+from integration.builders import Conn, request, status
 
 
 def claim(conn: Conn, limit: int, refs: list[str], runtimes: list[str] | None = None) -> list[int]:
@@ -28,12 +28,6 @@ def shell_action(conn: Conn, ref: str = "test.shell", runtime: str = "shell") ->
     return ref
 
 
-def statuses(conn: Conn, ids: list[int]) -> list[str]:
-    found = {r["id"]: r["status"] for r in conn.execute(
-        "SELECT id, status FROM execution WHERE id = ANY(%s)", (ids,)).fetchall()}  # fmt: skip
-    return [found[i] for i in ids]
-
-
 def test_oldest_first_across_every_action_a_worker_can_run(conn: Conn) -> None:
     shell = shell_action(conn)
     other = shell_action(conn, "test.ruby", runtime="ruby")
@@ -47,7 +41,7 @@ def test_oldest_first_across_every_action_a_worker_can_run(conn: Conn) -> None:
     ]
     assert claim(conn, 3, ["core.noop", "core.echo"], ["shell"]) == order[:3]
     assert claim(conn, 10, ["core.noop", "core.echo"], ["shell"]) == [order[5]]
-    assert statuses(conn, order) == ["scheduling"] * 3 + ["requested"] * 2 + ["scheduling"]
+    assert [status(conn, i) for i in order] == ["scheduling"] * 3 + ["requested"] * 2 + ["scheduling"]
 
 
 def test_rows_delayed_or_held_by_another_replica_are_skipped(db_url: str, conn: Conn) -> None:
@@ -56,7 +50,7 @@ def test_rows_delayed_or_held_by_another_replica_are_skipped(db_url: str, conn: 
     with psycopg.connect(db_url) as other:
         other.execute("SELECT id FROM conveyor.execution WHERE id = %s FOR UPDATE", (first,))  # a replica's claim
         assert claim(conn, 10, ["core.noop"]) == [third]
-    assert statuses(conn, [first, second, third]) == ["requested", "requested", "scheduling"]
+    assert [status(conn, i) for i in (first, second, third)] == ["requested", "requested", "scheduling"]
     assert claim(conn, 10, ["core.noop"]) == [first]
 
 

@@ -7,8 +7,9 @@
 -- whatever the statistics say; they are locked here by primary key. The status test is
 -- written `status || ''` so that no index on status can be chosen for this lock (the
 -- planner, trusting statistics of a row or two, walked one through the whole backlog);
--- it is still re-checked on the locked row, so a row another replica claimed meanwhile
--- is not taken.
+-- it is re-checked on the locked row with the rest of what made it a candidate (its time,
+-- no admission queue), so a row that changed since the statement's snapshot -- claimed by
+-- another replica, or back in requested with a backoff -- is not taken.
 WITH picked AS (
     SELECT e.id FROM execution e
     WHERE e.id = ANY((SELECT requested_candidates(ARRAY(
@@ -17,6 +18,8 @@ WITH picked AS (
                  OR (a.runner_type = 'subprocess' AND a.runtime = ANY(%(runtimes)s::text[]))
           ), %(limit)s))::bigint[])
       AND e.status || '' = 'requested'
+      AND (e.not_before IS NULL OR e.not_before <= now())
+      AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE execution e

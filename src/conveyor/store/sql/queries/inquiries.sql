@@ -13,6 +13,8 @@ WHERE e.id = ANY((SELECT requested_candidates(ARRAY(
           SELECT a.ref FROM action a WHERE a.runner_type IN ('workflow', 'inquiry')
       ), %(limit)s))::bigint[])
   AND e.status || '' = 'requested'
+  AND (e.not_before IS NULL OR e.not_before <= now())
+  AND NOT EXISTS (SELECT 1 FROM execution_admission_queue q WHERE q.execution = e.id)
 ORDER BY e.id
 FOR UPDATE OF e SKIP LOCKED;
 
