@@ -53,6 +53,12 @@ async def _call_sync(
             # in the background and occupies its pool thread until it returns. Cancelling the
             # asyncio wrapper only makes its eventual result (or exception) be dropped silently.
             future.cancel()
+        elif not future.cancelled():
+            # Finished as this wait was cancelled (a user's cancel, the worker losing its
+            # standing): its exception, abandoned, would be logged at collection as "Future
+            # exception was never retrieved" with the action's traceback (found by the chaos
+            # suite). Retrieving it marks it seen; result() below still raises it when wanted.
+            future.exception()
     if not done:
         raise _TimedOut
     return future.result()
