@@ -896,6 +896,59 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.finish_executions(p_worker bigint, p_ids bigint[], p_attempts integer[], p_statuses text[], p_outcomes text[], p_delays double precision[], p_results jsonb[], p_errors text[]) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        SELECT * FROM unnest(p_ids, p_attempts, p_statuses, p_outcomes, p_delays, p_results, p_errors)
+            AS d(id, attempt, status, outcome, delay, result, error)
+    ), finishing AS (
+        SELECT done.*, x.cancel
+        FROM done CROSS JOIN LATERAL (
+            SELECT e.status = 'canceling' AS cancel FROM execution e
+            WHERE e.id = done.id AND e.worker = p_worker AND e.attempt = done.attempt
+              AND e.status || '' IN ('running', 'canceling')
+            OFFSET 0  -- a probe per result, never flattened into a join
+            FOR UPDATE
+        ) x
+    ), decided AS (
+        SELECT f.id, f.attempt, f.result,
+               CASE WHEN f.cancel THEN 'cancelled' ELSE f.status END AS status,
+               CASE WHEN f.cancel THEN 'cancelled' ELSE f.outcome END AS outcome,
+               CASE WHEN f.cancel THEN NULL ELSE f.delay END AS delay,
+               CASE WHEN f.cancel THEN coalesce(f.error, 'cancelled') ELSE f.error END AS error
+        FROM finishing f
+    ), finished AS (
+        UPDATE execution e
+        SET status = d.status, result = d.result,
+            ended = CASE WHEN d.status = 'requested' THEN NULL ELSE now() END,
+            worker = CASE WHEN d.status = 'requested' THEN NULL ELSE e.worker END,
+            executor = CASE WHEN d.status = 'requested' THEN NULL ELSE e.executor END,
+            started = CASE WHEN d.status = 'requested' THEN NULL ELSE e.started END,
+            not_before = CASE WHEN d.delay IS NULL THEN NULL ELSE now() + make_interval(secs => d.delay) END
+        FROM decided d
+        -- Only the key: each row was checked and locked in `finishing`, in this statement,
+        -- and nothing else can change it before this transaction ends.
+        WHERE e.id = d.id
+        RETURNING e.id, e.attempt, d.outcome, d.error
+    ), recorded AS (
+        UPDATE execution_attempt t
+        SET ended = now(), outcome = f.outcome, error = f.error
+        FROM finished f WHERE t.execution = f.id AND t.attempt = f.attempt
+    )
+    SELECT f.id FROM finished f;
+END
+$$;
+
 CREATE FUNCTION conveyor.fire_schedule(name text) RETURNS SETOF conveyor.schedule_slot
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'

@@ -92,45 +92,12 @@ WHERE e.worker = %(worker)s AND e.status = 'running' AND e.id <> ALL(%(known)s::
 ORDER BY e.id;
 
 -- name: finish
--- running -> completed|failed|timeout, or back to requested when the retry policy
--- asks (after a backoff); fenced by (execution, worker, attempt): a write from an
--- attempt that is no longer current changes nothing and is reported back. An
--- execution whose cancellation was asked (canceling) ends cancelled, whatever the
--- run's outcome: the result is kept, the user's request stands.
-WITH done AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
-                         %(outcomes)s::text[], %(delays)s::float8[], %(results)s::jsonb[],
-                         %(errors)s::text[])
-        AS d(id, attempt, status, outcome, delay, result, error)
-), finishing AS (
-    SELECT done.*, e.status = 'canceling' AS cancel
-    FROM done JOIN execution e ON e.id = done.id
-    WHERE e.worker = %(worker)s AND e.attempt = done.attempt AND e.status IN ('running', 'canceling')
-    FOR UPDATE OF e
-), decided AS (
-    SELECT id, attempt, result,
-           CASE WHEN cancel THEN 'cancelled' ELSE status END AS status,
-           CASE WHEN cancel THEN 'cancelled' ELSE outcome END AS outcome,
-           CASE WHEN cancel THEN NULL ELSE delay END AS delay,
-           CASE WHEN cancel THEN coalesce(error, 'cancelled') ELSE error END AS error
-    FROM finishing
-), finished AS (
-    UPDATE execution e
-    SET status = d.status, result = d.result,
-        ended = CASE WHEN d.status = 'requested' THEN NULL ELSE now() END,
-        worker = CASE WHEN d.status = 'requested' THEN NULL ELSE e.worker END,
-        executor = CASE WHEN d.status = 'requested' THEN NULL ELSE e.executor END,
-        started = CASE WHEN d.status = 'requested' THEN NULL ELSE e.started END,
-        not_before = CASE WHEN d.delay IS NULL THEN NULL ELSE now() + make_interval(secs => d.delay) END
-    FROM decided d
-    WHERE e.id = d.id AND e.worker = %(worker)s AND e.attempt = d.attempt AND e.status IN ('running', 'canceling')
-    RETURNING e.id, e.attempt, d.outcome, d.error
-), recorded AS (
-    UPDATE execution_attempt t
-    SET ended = now(), outcome = finished.outcome, error = finished.error
-    FROM finished WHERE t.execution = finished.id AND t.attempt = finished.attempt
-)
-SELECT id FROM finished;
+-- running -> completed|failed|timeout (or requested again, or cancelled), fenced by
+-- (execution, worker, attempt); the ids written. finish_executions (migration 0028) says
+-- how, and why it is a function.
+SELECT id FROM finish_executions(%(worker)s, %(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
+                                 %(outcomes)s::text[], %(delays)s::float8[], %(results)s::jsonb[],
+                                 %(errors)s::text[]) AS id;
 
 -- name: detach_runs
 -- Executions this worker stopped because it lost its standing, detached from it
