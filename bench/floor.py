@@ -15,8 +15,18 @@ table (id, status, payload), one partial index on the waiting rows, insert -> SK
 update to running (durable) -> update to done (durable). It is the reference: what a
 queue with no attempts, fencing, guards or wake-ups costs here.
 
-Prints executions/s, PostgreSQL CPU per execution (the lanes' backends, /proc), and the
-settings. The figures bound what any change to the processes alone can reach.
+The lanes leave out what a real round adds (live_workers twice, pick_executor_run, the
+wake-ups' listeners), so the ceiling is generous.
+
+Then the latency floor: one execution at a time through the same path as the processes take
+it between a request's commit and its start -- the executor's claim transaction, its dispatch
+transaction (each pipelined as the executor sends it, live_workers included), the worker's
+durable claim -- timed from the request's commit to the claim's, with no wake-up to wait for
+and no Python work between the statements. No request can start sooner through this path.
+
+Prints executions/s, PostgreSQL CPU per execution (the lanes' backends, /proc), the latency
+floor's p50/p99, and the settings. The figures bound what any change to the processes alone
+can reach.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core_kit import Conn, connect, cpu_seconds, drop_database, fresh_database, reference, server_settings
+from core_kit import Conn, connect, cpu_seconds, drop_database, fresh_database, pct, reference, server_settings
 
 from conveyor.sdk import request_executions
 from conveyor.store.queries import Q
@@ -135,6 +145,39 @@ def run(url: str, lane_fn: Lane, workers: list[int], n: int, batch: int) -> tupl
     return total / wall, 1000 * cpu / total
 
 
+def latency_floor(url: str, worker: int, k: int) -> list[float]:
+    """Request -> start in ms for ``k`` executions, one at a time, with nothing between the
+    statements of the path; sorted."""
+    out = []
+    with connect(url) as conn:
+        for _ in range(k):
+            request_executions(conn, [("core.noop", {})])  # its own commit
+            t0 = time.perf_counter()
+            with conn.pipeline(), conn.transaction():
+                conn.execute(Q["relaxed_commit"])
+                conn.execute(Q["live_workers"])
+                claiming = conn.execute(
+                    Q["claim_requested"], {"refs": ["core.noop"], "runtimes": [], "limit": 500, "executor": "floor"}
+                )
+                conn.execute(Q["pick_executor_run"], {"limit": 500})
+                ids = [int(r[0]) for r in claiming.fetchall()]
+            with conn.pipeline(), conn.transaction():
+                conn.execute(Q["relaxed_commit"])
+                conn.execute(Q["lock_assignment"])
+                conn.execute(Q["live_workers"])
+                conn.execute(Q["assign"], {"ids": ids, "workers": [worker] * len(ids), "executor": "floor"})
+            started = conn.execute(Q["claim_scheduled"], {"worker": worker, "limit": 500}).fetchall()
+            out.append(1000 * (time.perf_counter() - t0))
+            n = len(started)
+            conn.execute(
+                Q["finish"],
+                {"worker": worker, "ids": [r[0] for r in started], "attempts": [r[1] for r in started],
+                 "statuses": ["completed"] * n, "outcomes": ["completed"] * n, "delays": [None] * n,
+                 "results": [None] * n, "errors": [None] * n},
+            )  # fmt: skip
+    return sorted(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -143,6 +186,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=40_000, help="executions per measurement (batch 500)")
     parser.add_argument("--lanes", type=int, default=2, help=f"sessions ({os.cpu_count()} cores here)")
     parser.add_argument("--batch", default="500,10,2")
+    parser.add_argument("--latency-n", type=int, default=500, help="executions timed for the latency floor")
     args = parser.parse_args()
     name = f"conveyor_bench_floor_{os.getpid()}"
     url = fresh_database(args.url, name)
@@ -167,6 +211,11 @@ def main() -> None:
                     conn.execute("TRUNCATE execution CASCADE")
                     conn.execute("TRUNCATE lean")
                     conn.execute("VACUUM ANALYZE")
+        lat = latency_floor(url, workers[0], args.latency_n)
+        print(
+            f"latency floor (request commit -> start commit, nothing between the statements): "
+            f"p50 {pct(lat, 50):.2f} ms  p99 {pct(lat, 99):.2f} ms  (n={len(lat)})"
+        )
     finally:
         drop_database(args.url, name)
 
