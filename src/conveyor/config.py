@@ -124,6 +124,9 @@ class WorkerSettings(_Section):
     output_limit: int = Field(
         OUTPUT_LIMIT, ge=1024, description="bytes kept of each of stdout, stderr and a returned value (its JSON text)"
     )
+    output_interval: float = Field(
+        0.25, gt=0, description="seconds between sends of running executions' output (live output)"
+    )
     runtimes: list[str] = Field(default_factory=lambda: ["python", "shell"])
     imports: list[str] = Field(default_factory=list, description="modules whose actions this worker offers")
 

@@ -30,6 +30,7 @@ from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.sdk_events import EventMethods
+from conveyor.sdk_output import OutputMethods
 from conveyor.sdk_rules import RuleMethods
 from conveyor.sdk_schedules import ScheduleMethods
 from conveyor.sdk_workflows import WorkflowMethods
@@ -170,7 +171,7 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods):
+class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, OutputMethods):
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need

@@ -1,4 +1,4 @@
-"""``conveyor executions list|get|cancel``."""
+"""``conveyor executions list|get|cancel|tail|...``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
+from conveyor.cli.output import tail
 from conveyor.cli.policies import describe_admission
 from conveyor.cli.purge import purge
 from conveyor.cli.workflows import show_tree
@@ -23,6 +24,7 @@ from conveyor.domain.storable import BASE64, readable
 
 app = typer.Typer(help="Inspect, cancel, pause, resume, rerun and purge executions.", no_args_is_help=True)
 app.command("purge")(purge)
+app.command("tail")(tail)
 
 _STYLE = {
     "completed": "green",

@@ -23,7 +23,7 @@ import asyncio
 import os
 import re
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,6 +48,7 @@ from conveyor.store.rows import ClaimedRun, Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
 from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
+from conveyor.worker.output import OutputWriter
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 from conveyor.worker.runs import Run, Runs, RunState
@@ -90,6 +91,7 @@ class WorkerService:
         self._runs = Runs()
         self._tasks: asyncio.TaskGroup | None = None  # supervises every task of run()
         self._results = ResultWriter(pool, self.name, refill=self)
+        self._output = OutputWriter(pool, self.name, limit=self.cfg.output_limit, interval=self.cfg.output_interval)
         # A claim failed with the connection: it may have committed all the same.
         self._claim_in_doubt = False
         self._reserved = 0  # slots a claim in flight may fill
@@ -132,7 +134,7 @@ class WorkerService:
             for definition in self._actions.values():
                 await conn.execute(Q["upsert_action"], action_row(definition))
         worker_id = await self._liveness.start()
-        self._results.worker_id = worker_id
+        self._results.worker_id = self._output.worker_id = worker_id
         self._transport.subscribe(Topic.WORKER, worker_id, bell=self._bell)
         self._liveness.accepting.set()
         log.info("worker registered", worker=self.name, worker_id=worker_id, actions=len(self._actions),
@@ -147,10 +149,12 @@ class WorkerService:
                 self._tasks = tg
                 heartbeat = tg.create_task(self._liveness.run(), name="worker-liveness")
                 writer = tg.create_task(self._results.run(), name="worker-results")
+                output = tg.create_task(self._output.run(), name="worker-output")
                 await self._claim_loop(stop)
                 await self._drain(fast_stop)
                 await self._results.flushed(within=max(self.cfg.heartbeat_interval, 5.0))
                 writer.cancel()
+                output.cancel()
                 heartbeat.cancel()
         finally:
             self._tasks = None
@@ -303,15 +307,18 @@ class WorkerService:
         eid, attempt, ref = row.id, row.attempt, row.action_ref
         bound = log.bind(execution_id=eid, attempt=attempt, worker=self.name, action=ref)
         bound.debug("execution started")
+        out = self._output.open(eid, attempt)  # live output, sent as it comes
         try:
-            with running(ExecutionContext(eid, attempt, self.name)):  # actions read it with current()
-                result = await self._run_action(row)
+            with running(ExecutionContext(eid, attempt, self.name, out.emitter())):  # actions read it with current()
+                result = await self._run_action(row, out.write)
         except asyncio.CancelledError:
             if run.state is RunState.CANCELLING:  # a user's cancellation, not this worker stopping
                 bound.info("execution cancelled")
+                await self._output.close(out)
                 self._results.put(_cancelled(eid, attempt))
                 return
             run.state = RunState.STOPPED  # kept until released
+            self._output.forget(out)
             bound.warning("execution stopped on this worker")
             raise
         except Exception as exc:  # supervision: one run's failure must not take the worker (and its runs) down
@@ -327,14 +334,16 @@ class WorkerService:
         decision = after_run(end, attempt, self._retry.overridden(row.settings.get("retry")), result.error)
         bound.info("execution finished", status=end.value, duration=round(result.duration, 4),
                    retry_in=round(decision.delay, 3) if decision.delay is not None else None)  # fmt: skip
+        await self._output.close(out)  # before the result: after it, the fenced append is refused
         self._results.put(Finished(eid, attempt, end, decision, result.to_json(), result.error, action=ref))
 
-    async def _run_action(self, row: ClaimedRun) -> ActionResult:
+    async def _run_action(self, row: ClaimedRun, on_output: Callable[[str, bytes], None]) -> ActionResult:
         metadata = row.settings
         timeout = float(metadata.get("timeout") or self.cfg.execution_timeout)
         if row.runner_type == "subprocess":
             return await run_subprocess(metadata, row.parameters, timeout=timeout,
-                                        kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit)  # fmt: skip
+                                        kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit,
+                                        on_output=on_output)  # fmt: skip
         definition = self._actions.get(row.action_ref)
         if definition is None:
             error = f"action {row.action_ref} has no code on worker {self.name}"

@@ -251,6 +251,43 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.append_output(p_worker bigint, p_executions bigint[], p_attempts integer[], p_streams text[], p_chunks bytea[]) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    written bigint[];
+BEGIN
+    WITH chunk AS (
+        SELECT c.execution, c.attempt, c.stream, c.data, c.n
+        FROM unnest(p_executions, p_attempts, p_streams, p_chunks) WITH ORDINALITY AS c (execution, attempt, stream, data, n)
+    ), current_runs AS (
+        -- One key probe per execution (a few per flush), share-locked so that the result
+        -- write cannot move it on between the check and the insert.
+        SELECT DISTINCT ON (c.execution, c.attempt) c.execution, c.attempt
+        FROM chunk c JOIN LATERAL (
+            SELECT 1 FROM execution e
+            WHERE e.id = c.execution AND e.worker = p_worker AND e.attempt = c.attempt
+              AND e.status IN ('running', 'canceling')
+            FOR SHARE
+        ) live ON true
+    ), stored AS (
+        INSERT INTO execution_output (execution, attempt, stream, data)
+        SELECT c.execution, c.attempt, c.stream, c.data
+        FROM chunk c JOIN current_runs r USING (execution, attempt)
+        ORDER BY c.n
+        RETURNING execution
+    )
+    SELECT array_agg(DISTINCT s.execution) INTO written FROM stored s;
+    IF written IS NOT NULL THEN
+        -- The ids, or '' (read everything you follow) when they would not fit a payload.
+        PERFORM pg_notify(current_schema() || '.output',
+                          CASE WHEN cardinality(written) <= 400 THEN array_to_string(written, ',') ELSE '' END);
+    END IF;
+    RETURN QUERY SELECT unnest(coalesce(written, '{}'));
+END
+$$;
+
 CREATE FUNCTION conveyor.ask_inquiries(ids bigint[], executor text) RETURNS TABLE(execution bigint, inquiry bigint, created boolean)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -2708,6 +2745,26 @@ CREATE TABLE conveyor.execution_idempotency (
     CONSTRAINT execution_idempotency_key_check CHECK (((length(key) >= 1) AND (length(key) <= 255)))
 );
 
+CREATE TABLE conveyor.execution_output (
+    id bigint NOT NULL,
+    execution bigint NOT NULL,
+    attempt integer NOT NULL,
+    stream text NOT NULL,
+    data bytea NOT NULL,
+    created timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT execution_output_data_check CHECK ((length(data) > 0)),
+    CONSTRAINT execution_output_stream_check CHECK ((stream = ANY (ARRAY['stdout'::text, 'stderr'::text, 'log'::text])))
+);
+
+ALTER TABLE conveyor.execution_output ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME conveyor.execution_output_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE conveyor.execution_transition (
     from_status text NOT NULL,
     to_status text NOT NULL
@@ -3085,6 +3142,9 @@ ALTER TABLE ONLY conveyor.execution_attempt
 ALTER TABLE ONLY conveyor.execution_idempotency
     ADD CONSTRAINT execution_idempotency_pkey PRIMARY KEY (key);
 
+ALTER TABLE ONLY conveyor.execution_output
+    ADD CONSTRAINT execution_output_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_pkey PRIMARY KEY (id);
 
@@ -3198,6 +3258,8 @@ CREATE INDEX execution_idempotency_execution_idx ON conveyor.execution_idempoten
 CREATE INDEX execution_not_before_idx ON conveyor.execution USING btree (not_before) WHERE ((status = 'requested'::text) AND (not_before IS NOT NULL));
 
 CREATE INDEX execution_on_worker_idx ON conveyor.execution USING btree (worker, id) WHERE (status = ANY (ARRAY['scheduled'::text, 'running'::text, 'canceling'::text]));
+
+CREATE INDEX execution_output_execution_idx ON conveyor.execution_output USING btree (execution, id);
 
 CREATE INDEX execution_parent_idx ON conveyor.execution USING btree (parent) WHERE (parent IS NOT NULL);
 
@@ -3328,6 +3390,9 @@ ALTER TABLE ONLY conveyor.execution_attempt
 
 ALTER TABLE ONLY conveyor.execution_idempotency
     ADD CONSTRAINT execution_idempotency_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE ONLY conveyor.execution_output
+    ADD CONSTRAINT execution_output_execution_fkey FOREIGN KEY (execution) REFERENCES conveyor.execution(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY conveyor.execution
     ADD CONSTRAINT execution_parent_fkey FOREIGN KEY (parent) REFERENCES conveyor.execution(id) ON DELETE SET NULL;

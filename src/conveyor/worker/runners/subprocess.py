@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,10 @@ class _Capture(asyncio.SubprocessProtocol):
     """Keeps the first ``limit`` bytes of stdout and stderr and discards the rest. It never
     pauses reading, so a chatty child can never block on a full pipe."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_output: Callable[[str, bytes], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.limit = limit
+        self.on_output = on_output  # the bytes kept, as they come (live output)
         self.output = {_STDOUT: bytearray(), _STDERR: bytearray()}
         self.truncated = {_STDOUT: False, _STDERR: False}
         self.exited: asyncio.Future[None] = loop.create_future()
@@ -48,6 +50,8 @@ class _Capture(asyncio.SubprocessProtocol):
             self.truncated[fd] = True
             data = data[: max(room, 0)]
         buf += data
+        if data and self.on_output is not None:
+            self.on_output("stdout" if fd == _STDOUT else "stderr", data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         future = self.eof.get(fd)
@@ -124,6 +128,7 @@ async def run_subprocess(
     timeout: float,  # noqa: ASYNC109 - on timeout the group is killed and a result returned
     kill_grace: float,
     output_limit: int,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> ActionResult:
     """Run the command an action's metadata describes and never raise (except on cancellation,
     which kills the process group before propagating).
@@ -152,7 +157,7 @@ async def run_subprocess(
     loop = asyncio.get_running_loop()
     try:
         transport, capture = await loop.subprocess_exec(
-            lambda: _Capture(output_limit),
+            lambda: _Capture(output_limit, on_output),
             *argv,
             stdin=subprocess.PIPE if feed_json else subprocess.DEVNULL,
             stdout=subprocess.PIPE,

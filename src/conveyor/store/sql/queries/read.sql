@@ -39,3 +39,19 @@ WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', '
    OR (status IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
        AND updated >= now() - interval '1 hour')
 GROUP BY status ORDER BY status;
+
+-- name: execution_output
+-- Live output (migration 0029): an execution's chunks after a cursor (a chunk id; 0 for
+-- all), in order, across its attempts, with whether it has ended (a reader following it
+-- stops once it has, and has read everything).
+SELECT o.id, o.attempt, o.stream, o.data, o.created,
+       e.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned') AS ended
+FROM execution e
+LEFT JOIN LATERAL (
+    SELECT * FROM execution_output x
+    WHERE x.execution = e.id AND x.id > %(after)s
+    ORDER BY x.id
+    LIMIT %(limit)s
+) o ON true
+WHERE e.id = %(id)s
+ORDER BY o.id;

@@ -109,3 +109,9 @@ FROM d
 WHERE e.id = d.id AND e.attempt = d.attempt AND e.worker = %(worker)s
   AND e.status IN ('running', 'canceling')
 RETURNING e.id;
+
+-- name: append_output
+-- Live output: chunks of running executions' output, fenced on (execution, worker,
+-- attempt) and a live status (append_output, migration 0029); the executions written.
+SELECT execution FROM append_output(%(worker)s, %(executions)s::bigint[], %(attempts)s::int[],
+                                    %(streams)s::text[], %(chunks)s::bytea[]) AS execution;
