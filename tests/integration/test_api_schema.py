@@ -123,9 +123,11 @@ def api_schema(db_url: str, existing: dict[str, Any], admin_headers: dict[str, s
         asgi.shutdown_lifespans()  # the pool is closed before the database is dropped
 
 
-# The event stream never ends by itself (test_api_stream.py reads it); revoking a token may revoke
-# the one these requests use (test_api_auth.py covers revocation).
-EXCLUDED = {("GET", "/api/v1/executions/stream"), ("DELETE", "/api/v1/tokens/{token_id}")}
+# The event stream never ends by itself (test_api_stream.py reads it), nor an unfinished
+# execution's output stream (test_api_output.py); revoking a token may revoke the one these
+# requests use (test_api_auth.py covers revocation).
+EXCLUDED = {("GET", "/api/v1/executions/stream"), ("GET", "/api/v1/executions/{execution_id}/output/stream"),
+            ("DELETE", "/api/v1/tokens/{token_id}")}  # fmt: skip
 # 10 examples per operation and mode: the sweep covers every route (about 90 operations with
 # issue #13's); the doors with their own fuzzers (events, webhooks, rules, schedules) get more there.
 SETTINGS = hypothesis.settings(
@@ -223,6 +225,7 @@ def test_the_openapi_document_describes_every_route(api_schema: Any) -> None:
     paths = set(api_schema.raw_schema["paths"])
     for path in ("/api/v1/executions", "/api/v1/executions/{execution_id}", "/api/v1/executions/{execution_id}/cancel",
                  "/api/v1/executions/{execution_id}/rerun", "/api/v1/executions/stream", "/api/v1/actions",
+                 "/api/v1/executions/{execution_id}/output", "/api/v1/executions/{execution_id}/output/stream",
                  "/api/v1/actions/{ref}", "/api/v1/workers", "/api/v1/workers/{name}/drain", "/api/v1/dead-letters",
                  "/api/v1/dead-letters/{dead_letter_id}/replay", "/api/v1/tokens", "/api/v1/policies",
                  "/api/v1/policies/{target}", "/api/v1/inquiries", "/api/v1/inquiries/{inquiry_id}",

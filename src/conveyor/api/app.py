@@ -18,6 +18,7 @@ from conveyor.api.routes import (
     executions,
     health,
     inquiries,
+    output,
     policies,
     resources,
     rules,
@@ -51,6 +52,7 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     errors.install(app)
     v1 = APIRouter(prefix="/api/v1")
     v1.include_router(executions.router)
+    v1.include_router(output.router)  # issue #15: live output
     v1.include_router(workflows.executions)
     v1.include_router(workflows.router)
     v1.include_router(resources.router)

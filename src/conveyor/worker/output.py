@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 
 STREAMS = ("stdout", "stderr", "log")
 _SOON = 64 * 1024  # bytes waiting that make the writer flush before its interval
-_FINAL_WAIT = 2.0  # a run's last flush: how long its result waits for it (the database may be away)
+_FINAL_WAIT = 10.0  # a run's last flush: how long its result waits for it (the database may be slow or away)
 
 
 def utf8_cut(data: bytes | bytearray) -> int:

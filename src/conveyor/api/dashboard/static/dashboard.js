@@ -261,6 +261,54 @@
     }
   });
 
+  // -- live output (issue #15): the execution's chunks as its worker stores them, from the
+  // API's server-sent events (the cookie authenticates; EventSource reconnects on its own,
+  // resuming after the last chunk it got through Last-Event-ID). Text goes in with
+  // textContent, never as markup; bytes that are not UTF-8 are shown as \xNN, as elsewhere.
+  const liveOutput = document.querySelector("[data-output]");
+  if (liveOutput && window.EventSource) {
+    const pre = liveOutput.querySelector("pre");
+    const state = document.getElementById("live-output-state");
+    const hex = (b) => `\\x${b.toString(16).padStart(2, "0")}`;
+    const bytesText = (b64) => {
+      const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+      try {
+        return new TextDecoder("utf-8", { fatal: true }).decode(bytes).replaceAll("\0", "\\x00");
+      } catch {
+        return [...bytes].map((b) => (b >= 0x20 && b < 0x7f) || b === 0x0a || b === 0x09 ? String.fromCharCode(b) : hex(b)).join("");
+      }
+    };
+    let attempt = null;
+    let chunks = 0;
+    const source = new EventSource(liveOutput.dataset.output);
+    source.addEventListener("output", (event) => {
+      const chunk = JSON.parse(event.data);
+      if (attempt !== null && chunk.attempt !== attempt) {
+        const mark = document.createElement("span");
+        mark.className = "attempt-mark";
+        mark.textContent = `--- attempt ${chunk.attempt} ---\n`;
+        pre.append(mark);
+      }
+      attempt = chunk.attempt;
+      const span = document.createElement("span");
+      span.className = `stream-${chunk.stream}`;
+      span.textContent = chunk.encoding === "base64" ? bytesText(chunk.data) : chunk.data;
+      pre.append(span);
+      chunks += 1;
+      state.textContent = "Following: new output appears as the worker sends it (stderr and log lines in colour).";
+    });
+    source.addEventListener("end", () => {
+      source.close();
+      state.textContent = chunks ? "Ended: all of its output is above." : "Ended without printing anything.";
+    });
+    source.addEventListener("open", () => {
+      if (!chunks) state.textContent = "Following: nothing printed yet.";
+    });
+    source.addEventListener("error", () => {
+      if (source.readyState !== EventSource.CLOSED) state.textContent = "Connection lost: reconnecting…";
+    });
+  }
+
   document.addEventListener("visibilitychange", () => document.hidden || tick());
   if (regions.length && regions.every((r) => r.final)) say("ok", "final: nothing more will change");
   if (regions.length) timer = setTimeout(tick, POLL_MS);
