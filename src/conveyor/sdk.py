@@ -350,19 +350,31 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
             row = self.conn.execute(Q["respond_inquiry"], params).fetchone()
         return verbs.responded(inquiry_id, who, row)
 
-    def wait(self, execution_id: int, timeout: float | None = None) -> Execution:
-        """Block until the execution is terminal (woken by NOTIFY, re-checked every second)."""
+    def wait(
+        self,
+        execution_id: int,
+        timeout: float | None = None,
+        *,
+        on_poll: Callable[[Execution], None] | None = None,
+        interval: float = 1.0,
+    ) -> Execution:
+        """Block until the execution is terminal (woken by NOTIFY, re-checked every
+        ``interval`` seconds). ``on_poll`` sees each read of it (without attempts), the
+        terminal one included: only the end is notified, so a caller that shows progress
+        (``conveyor run --wait`` on a terminal) passes a shorter ``interval``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{self.schema}.completed")))
         try:
             while True:
                 execution = self.get(execution_id, with_attempts=False)
+                if on_poll is not None:
+                    on_poll(execution)
                 if execution.status.is_terminal:
                     return self.get(execution_id)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise ConveyorError(f"execution {execution_id} is still {execution.status} after {timeout:g}s")
-                wait = 1.0 if remaining is None else min(1.0, remaining)
+                wait = interval if remaining is None else min(interval, remaining)
                 for _ in self.conn.notifies(timeout=wait, stop_after=1):
                     pass
         finally:
