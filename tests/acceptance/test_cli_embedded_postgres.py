@@ -65,15 +65,26 @@ def test_up_with_embedded_postgres(procs: Procs) -> None:
             ("core.echo", "completed", '{"message": "embedded"}')
         ]
 
+        # The embedded database is reachable by hand while `up` runs: its URL, psql (on
+        # the URL alone, as a user would), and which migrations it has.
+        url = procs.run("db", "url", env=env)
+        assert url.returncode == 0, describe(url)
+        assert url.stdout.startswith("postgresql://"), describe(url)
+        counted = procs.run("psql", "-At", "-c", "SELECT count(*) FROM execution", env=env)
+        assert counted.returncode == 0, describe(counted)
+        assert counted.stdout == "1\n", describe(counted)
+        assert procs.json("migrate", "--status", env=env)["pending"] == []
+
         up.signal(signal.SIGTERM)
         assert up.wait(30) == 0, up.logs()
         eventually(lambda: _server_gone(data_dir), timeout=15, message=up.logs)
 
         # Commands other than `up` do not start the server: they say how to get one.
-        offline = procs.run("executions", "list", env=env)
-        assert offline.returncode == 1, describe(offline)
-        assert "conveyor up" in offline.stderr
-        assert "Traceback" not in offline.stderr
+        for command in (["executions", "list"], ["db", "url"], ["psql"]):
+            offline = procs.run(*command, env=env)
+            assert offline.returncode == 1, describe(offline)
+            assert "start it with `conveyor up`" in offline.stderr, describe(offline)
+            assert "Traceback" not in offline.stderr
 
         # The data outlives the server.
         again = procs.start("up", name="up-embedded-2", env=env)

@@ -13,7 +13,7 @@ import pytest
 from conveyor.app import prepare_database
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.domain.status import edges
-from conveyor.store.migrate import check_version, known_migrations, migrate
+from conveyor.store.migrate import check_version, known_migrations, migrate, migration_states
 from integration.builders import SCHEMA
 
 # ---------------------------------------------------------------------------
@@ -88,6 +88,27 @@ def test_concurrent_startups_prepare_the_database_once(empty_db_url: str) -> Non
     assert refs == ["core.ask", "core.echo", "core.local", "core.noop", "core.sleep"]  # core.ask: migration 0013
 
 
+def test_migration_states_read_what_is_applied_and_change_nothing(empty_db_url: str) -> None:
+    """What `conveyor migrate --status|--dry-run` show: a database without the schema has
+    every migration pending (and still no schema afterwards); one migrated has each applied
+    at the time its row recorded; one whose newest rows are missing has those pending."""
+    everything = [m.version for m in known_migrations()]
+    states = migration_states(empty_db_url, SCHEMA)
+    assert [(s.migration.version, s.applied) for s in states] == [(v, None) for v in everything]
+    with psycopg.connect(empty_db_url) as c:
+        assert c.execute("SELECT to_regnamespace(%s)", (SCHEMA,)).fetchone() == (None,)
+
+    migrate(empty_db_url, SCHEMA)
+    with psycopg.connect(empty_db_url) as c:
+        recorded = dict(c.execute(f"SELECT version, applied FROM {SCHEMA}.schema_migration").fetchall())
+        c.execute(f"DELETE FROM {SCHEMA}.schema_migration WHERE version > %s", (everything[-3],))
+    assert [(s.migration.version, s.applied) for s in migration_states(empty_db_url, SCHEMA)] == [
+        (v, recorded[v] if v <= everything[-3] else None) for v in everything
+    ]
+    assert all(recorded.values())
+    assert [r[0] for r in _migration_rows(empty_db_url)] == everything[:-2]  # read, not migrated
+
+
 def test_a_newer_schema_is_refused(db_url: str) -> None:
     newest = known_migrations()[-1].version
     with psycopg.connect(db_url) as c:
@@ -98,6 +119,8 @@ def test_a_newer_schema_is_refused(db_url: str) -> None:
         migrate(db_url, SCHEMA)
     with pytest.raises(SchemaTooNewError, match="upgrade Conveyor"):
         check_version(db_url, SCHEMA)
+    with pytest.raises(SchemaTooNewError, match="upgrade Conveyor"):
+        migration_states(db_url, SCHEMA)  # what `migrate --status` says, as `migrate` would
     assert [r[0] for r in _migration_rows(db_url)] == [*range(1, newest + 1), newest + 1]
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from typing import Annotated
 
 import psycopg
 import typer
 
+import conveyor
 from conveyor.cli import (
     actions,
     config_cmd,
+    database,
     dead_letters,
     events,
     executions,
@@ -26,7 +29,7 @@ from conveyor.cli import (
     workers,
     workflows,
 )
-from conveyor.cli.context import MISSING_SCHEMA, err_console, line, schema_problem, state
+from conveyor.cli.context import MISSING_SCHEMA, console, err_console, line, schema_problem, state
 from conveyor.domain.errors import ConveyorError
 
 app = typer.Typer(
@@ -38,11 +41,29 @@ app = typer.Typer(
 )
 
 
+def package_version() -> str:
+    try:
+        return metadata.version("conveyor")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return conveyor.__version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"conveyor {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     config: Annotated[
         str | None, typer.Option("--config", "-c", envvar="CONVEYOR_CONFIG", help="YAML configuration file.")
     ] = None,
+    version: Annotated[
+        bool,
+        # Eager: answered before the configuration is read or a sub-command is required.
+        typer.Option("--version", "-V", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
 ) -> None:
     state.config_file = config
 
@@ -52,6 +73,9 @@ app.command()(services.api)
 app.command()(services.executor)
 app.command()(services.worker)
 app.command()(services.migrate)
+# Everything after `psql` is psql's, options included (`conveyor psql -c 'SELECT 1'`).
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(database.psql)
+app.add_typer(database.app, name="db")
 app.command()(run.run)
 app.add_typer(executions.app, name="executions")
 app.add_typer(workers.app, name="workers")

@@ -9,8 +9,10 @@ import typer
 
 from conveyor import embedded
 from conveyor.app import Started, exit_if_actions_linger, prepare_database, serve
-from conveyor.cli.context import console, err_console, line, state
+from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state
+from conveyor.cli.database import show_migrations
 from conveyor.config import Settings
+from conveyor.domain.errors import ConveyorError
 from conveyor.logs import configure
 
 Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Module whose actions to offer.")]
@@ -91,10 +93,35 @@ def worker(
     exit_if_actions_linger()
 
 
-def migrate() -> None:
-    """Apply pending migrations (safe to run from several processes at once)."""
+def migrate(
+    status: Annotated[
+        bool, typer.Option("--status", help="List every migration, applied (when) or pending; apply nothing.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the migrations `migrate` would apply, in order; apply nothing.")
+    ] = False,
+    as_json: bool = JsonOption,
+) -> None:
+    """Apply pending migrations (safe to run from several processes at once).
+
+    --status and --dry-run only read, and exit 0 whether or not migrations are pending: a
+    script reads `pending` in their --json output (an empty list when up to date), e.g.
+    conveyor migrate --dry-run --json | jq -e '.pending == []'."""
+    if status and dry_run:
+        raise ConveyorError("--status and --dry-run are alternatives: give one")
+    if status or dry_run:
+        show_migrations(status=status, as_json=as_json)
+        return
     settings = state.loaded.settings
     applied = prepare_database(embedded.resolve_url(settings), settings.database.schema_name)
+    if as_json:
+        print_json(
+            {
+                "schema": settings.database.schema_name,
+                "applied": [{"version": m.version, "name": m.name} for m in applied],
+            }
+        )
+        return
     if applied:
         for m in applied:
             console.print(f"applied {m.version:04d}_{m.name}")

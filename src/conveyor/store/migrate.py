@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
+from typing import cast
 
 import psycopg
 from psycopg import sql
@@ -96,16 +98,43 @@ def check_version(url: str, schema: str) -> int:
     return max(done, default=0)
 
 
+@dataclass(frozen=True)
+class MigrationState:
+    """A known migration and when the schema recorded it applied (``None``: pending)."""
+
+    migration: Migration
+    applied: datetime | None
+
+
+def migration_states(url: str, schema: str) -> list[MigrationState]:
+    """Every known migration, applied or pending, in order, without changing anything: a
+    database without the schema has them all pending. A schema ``migrate`` would refuse
+    (newer, or tampered) is refused here too, with the same error."""
+    migrations = known_migrations()
+    with psycopg.connect(url, autocommit=True) as conn:
+        # What `migrate --status` and `--dry-run` promise (nothing applied) is then the
+        # server's to enforce, not only this code's.
+        conn.execute("SET default_transaction_read_only = on")
+        records = _records(conn, schema) if _has_migration_table(conn, schema) else {}
+    _check({version: checksum for version, (checksum, _) in records.items()}, migrations, schema)
+    return [MigrationState(m, records[m.version][1] if m.version in records else None) for m in migrations]
+
+
 def _has_migration_table(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
     row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_migration",)).fetchone()
     return bool(row and row[0])
 
 
 def _applied(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, str]:
+    return {version: checksum for version, (checksum, _) in _records(conn, schema).items()}
+
+
+def _records(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, tuple[str, datetime]]:
+    """version -> (checksum, when applied), as ``schema_migration`` recorded them."""
     rows = conn.execute(
-        sql.SQL("SELECT version, checksum FROM {}.schema_migration").format(sql.Identifier(schema))
+        sql.SQL("SELECT version, checksum, applied FROM {}.schema_migration").format(sql.Identifier(schema))
     ).fetchall()
-    return {int(str(v)): str(c) for v, c in rows}
+    return {int(str(v)): (str(c), cast(datetime, a)) for v, c, a in rows}  # applied: timestamptz NOT NULL
 
 
 def _check(done: dict[int, str], migrations: list[Migration], schema: str) -> None:
