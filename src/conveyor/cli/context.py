@@ -131,6 +131,8 @@ def when(value: datetime | None) -> str:
 
 
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
+# Mutating commands: stdout then holds one JSON document and nothing else (docs: README, "--json").
+JsonResultOption = typer.Option(False, "--json", help="Print what was done as JSON (nothing else on stdout).")
 
 
 APPLICATION_NAME = "conveyor-cli"
@@ -146,9 +148,19 @@ def sql_session() -> Iterator[psycopg.Connection[Row]]:
         yield conn
 
 
-def confirm(question: str) -> bool:
-    """Ask yes/no (default no); end of input or Ctrl-C is a no."""
+def confirm(question: str, *, err: bool = False) -> bool:
+    """Ask yes/no (default no); end of input or Ctrl-C is a no. ``err``: ask on stderr,
+    for a command whose stdout is a JSON document (``--json``). Not typer.confirm(err=True):
+    click writes the space after the question to stdout all the same."""
+    if not err:
+        try:
+            return typer.confirm(question, default=False)
+        except typer.Abort:
+            return False
     try:
-        return typer.confirm(question, default=False)
-    except typer.Abort:
+        # Console.input parses markup unless told not to: "[y/N]" would vanish.
+        answer = err_console.input(f"{question} [y/N]: ", markup=False, emoji=False)
+        return answer.strip().lower() in ("y", "yes")
+    except (EOFError, KeyboardInterrupt):
+        err_console.print()  # end the question's line: what follows starts on its own
         return False

@@ -8,6 +8,7 @@ look at the records, publish a message again, and delete records.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import textwrap
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from rich.text import Text
 from conveyor.cli.context import (
     APPLICATION_NAME,
     JsonOption,
+    JsonResultOption,
     confirm,
     console,
     err_console,
@@ -208,9 +210,10 @@ def show(
 # -- replay -----------------------------------------------------------------------------------
 
 
-async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed: bool) -> list[Outcome]:
+async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed: bool, quiet: bool) -> list[Outcome]:
     """Each letter in its own transaction: lock it, publish it again through the
-    transport in use (a NOTIFY, or an outbox row for the relay), mark it replayed."""
+    transport in use (a NOTIFY, or an outbox row for the relay), mark it replayed.
+    ``quiet``: report errors only (stdout is for --json's document)."""
     schema = settings.database.schema_name
     pool = make_pool(url, schema, APPLICATION_NAME, 2)
     await pool.open(wait=True, timeout=10)
@@ -219,16 +222,18 @@ async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed
         for dead_letter_id in ids:
             async with pool.connection() as conn, conn.transaction():
                 outcome = await replay_one(conn, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
-            _report(outcome)
+            _report(outcome, quiet)
             outcomes.append(outcome)
     finally:
         await pool.close()
     return outcomes
 
 
-def _report(outcome: Outcome) -> None:
+def _report(outcome: Outcome, quiet: bool) -> None:
     if outcome.error:
         err_console.print(line(("error:", "red"), f" {outcome.error}"), highlight=False)
+    elif quiet:
+        return
     elif outcome.skipped:
         console.print(f"dead letter {outcome.id}: skipped ({outcome.skipped})", highlight=False)
     else:
@@ -250,10 +255,12 @@ def replay(
     since: SinceOption = None,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="With filters: replay at most this many.")] = 1000,
     yes: YesOption = False,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Publish dead-lettered messages again to where they were going, and mark them
     replayed. Give ids, or filters (asks for confirmation unless --yes); with filters,
-    letters already replayed are left out unless --resolution replayed."""
+    letters already replayed are left out unless --resolution replayed. --json: one
+    {"id", "outcome" (replayed, skipped, error), "routing_key", "skipped", "error"} per letter."""
     filters = Filters(reason, resolution, execution, queue, since)
     if ids and filters.given:
         raise ConveyorError("give dead letter ids or filters, not both")
@@ -272,19 +279,28 @@ def replay(
             params = {**filters.params(), "include_replayed": include_replayed, "limit": limit + 1}
             selected = [r["id"] for r in conn.execute(Q["select_dead_letters"], params).fetchall()]
         if not selected:
-            console.print("no dead letters match")
+            if as_json:
+                print_json([])
+            else:
+                console.print("no dead letters match")
             return
         more = len(selected) > limit
         selected = selected[:limit]
         if more:
-            console.print(f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)")
-        if not yes and not confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?"):
+            note = f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)"
+            (err_console if as_json else console).print(note)
+        if not yes and not confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?", err=as_json):
             raise ConveyorError("not confirmed; nothing replayed (--yes skips the question)")
-    outcomes = asyncio.run(
-        _replay(settings, url, selected, skip_replayed=not ids and resolution is not Resolution.REPLAYED)
-    )
+    skip_replayed = not ids and resolution is not Resolution.REPLAYED
+    outcomes = asyncio.run(_replay(settings, url, selected, skip_replayed=skip_replayed, quiet=as_json))
+    if as_json:  # printed whatever happened: what was replayed before an error was replayed
+        print_json([{**dataclasses.asdict(o), "outcome": _outcome(o)} for o in outcomes])
     if any(o.error for o in outcomes):
         raise typer.Exit(1)
+
+
+def _outcome(outcome: Outcome) -> str:
+    return "error" if outcome.error else "skipped" if outcome.skipped else "replayed"
 
 
 # -- purge -----------------------------------------------------------------------------------
@@ -305,9 +321,10 @@ def purge(
     include_pending: Annotated[bool, typer.Option(help="Also delete letters not resolved yet.")] = False,
     all_: Annotated[bool, typer.Option("--all", help="No filter: every (resolved) dead letter.")] = False,
     yes: YesOption = False,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Delete dead-letter records: resolved ones only unless --include-pending. Needs
-    a filter or --all; asks for confirmation unless --yes."""
+    a filter or --all; asks for confirmation unless --yes. --json: {"matched": N, "purged": N}."""
     filters = Filters(reason, resolution, execution, queue)
     if not filters.given and older_than is None and not all_:
         raise ConveyorError(
@@ -320,11 +337,15 @@ def purge(
     with sql_session() as conn:
         row = conn.execute(Q["count_purgeable_dead_letters"], params).fetchone()
         count = int(row["count"]) if row else 0
-        if count == 0:
-            console.print("no dead letters to purge")
-            return
-        what = "dead letter(s)" if include_pending else "resolved dead letter(s)"
-        if not yes and not confirm(f"Delete {count} {what}?"):
-            raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
-        deleted = len(conn.execute(Q["purge_dead_letters"], params).fetchall())
-    console.print(f"purged {deleted} dead letter(s)")
+        deleted = 0
+        if count > 0:
+            what = "dead letter(s)" if include_pending else "resolved dead letter(s)"
+            if not yes and not confirm(f"Delete {count} {what}?", err=as_json):
+                raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
+            deleted = len(conn.execute(Q["purge_dead_letters"], params).fetchall())
+    if as_json:
+        print_json({"matched": count, "purged": deleted})
+    elif count == 0:
+        console.print("no dead letters to purge")
+    else:
+        console.print(f"purged {deleted} dead letter(s)")

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.run import parse_parameters
 from conveyor.cli.triggers import read_json_file
 from conveyor.domain.delays import DelayError, check_aware, parse_duration
@@ -67,7 +67,7 @@ def emit(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Emit again with the same key and payload: one event.")
     ] = None,
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Emit an event (checked against the trigger's payload schema); prints its id alone."""
     check_idempotency_key(idempotency_key)
@@ -149,7 +149,7 @@ def replay(
     trigger: Annotated[str | None, typer.Option(help="Replay this trigger's events in a time window.")] = None,
     since: Annotated[str | None, typer.Option(help="Window start: ISO 8601, or ago (1h).")] = None,
     until: Annotated[str | None, typer.Option(help="Window end (default: now).")] = None,
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Emit an event again (a new event naming the original: its rules are evaluated
     again), or every event of --trigger received in [--since, --until)."""

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.output import tail
 from conveyor.cli.policies import describe_admission
 from conveyor.cli.purge import purge
@@ -21,6 +21,7 @@ from conveyor.cli.workflows import show_tree
 from conveyor.domain.models import Execution, ExecutionSummary
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
+from conveyor.sdk import Client
 
 app = typer.Typer(help="Inspect, cancel, pause, resume, rerun and purge executions.", no_args_is_help=True)
 app.command("purge")(purge)
@@ -79,10 +80,13 @@ def executions_table(rows: Sequence[Execution | ExecutionSummary]) -> Table:
     return table
 
 
+ITEMS = 20  # items of a `with` task that `get` shows by default (and the mutating commands' --json)
+
+
 @app.command()
 def get(
     execution_id: Annotated[int, typer.Argument(help="Execution id")],
-    items: Annotated[int, typer.Option(min=0, max=10_000, help="Items shown per `with` task.")] = 20,
+    items: Annotated[int, typer.Option(min=0, max=10_000, help="Items shown per `with` task.")] = ITEMS,
     as_json: bool = JsonOption,
 ) -> None:
     """One execution with its parameters, result and attempts.
@@ -96,11 +100,22 @@ def get(
         admission = client.admission(execution_id)
         tree = client.workflow_tree(execution_id, items=items)
     if as_json:
-        print_json({**dataclasses.asdict(execution), "admission": admission, "workflow": tree})
+        print_json(document(execution, admission, tree))
         return
     show_execution(execution, admission)
     if tree is not None:
         show_tree(tree, items)
+
+
+def document(execution: Execution, admission: dict[str, Any] | None, tree: dict[str, Any] | None) -> dict[str, Any]:
+    """An execution as ``executions get --json`` shows it."""
+    return {**dataclasses.asdict(execution), "admission": admission, "workflow": tree}
+
+
+def print_execution(client: Client, execution_id: int) -> None:
+    """``--json`` of the commands that change an execution: it as ``get --json`` shows it now."""
+    tree = client.workflow_tree(execution_id, items=ITEMS)
+    print_json(document(client.get(execution_id), client.admission(execution_id), tree))
 
 
 class CancelPolicy(StrEnum):
@@ -117,6 +132,7 @@ def cancel(
         CancelPolicy | None,
         typer.Option(help="A running workflow's children: allow_finish (the default) or cancel_running."),
     ] = None,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Cancel an execution: not started yet, it is cancelled at once; running, its worker
     stops it (process group killed) and records it cancelled. A finished one is an error.
@@ -125,6 +141,9 @@ def cancel(
         status = client.cancel(execution_id, by="cli", policy=policy.value if policy else None)
         if status == "canceling" and wait:
             status = client.wait(execution_id, timeout=timeout).status.value
+        if as_json:
+            print_execution(client, execution_id)
+            return
     if status == "canceling":
         console.print(f"execution {execution_id} canceling: its worker (or its workflow's children) stopping")
     else:
@@ -132,18 +151,30 @@ def cancel(
 
 
 @app.command()
-def pause(execution_id: Annotated[int, typer.Argument(help="A running workflow execution's id")]) -> None:
+def pause(
+    execution_id: Annotated[int, typer.Argument(help="A running workflow execution's id")],
+    as_json: bool = JsonResultOption,
+) -> None:
     """Pause a running workflow: no new task starts; children already running finish."""
     with state.client() as client:
         status = client.pause(execution_id, by="cli")
+        if as_json:
+            print_execution(client, execution_id)
+            return
     console.print(line(f"execution {execution_id} ", _status(status)))
 
 
 @app.command()
-def resume(execution_id: Annotated[int, typer.Argument(help="A paused workflow execution's id")]) -> None:
+def resume(
+    execution_id: Annotated[int, typer.Argument(help="A paused workflow execution's id")],
+    as_json: bool = JsonResultOption,
+) -> None:
     """Resume a paused workflow: its next tasks start."""
     with state.client() as client:
         status = client.resume(execution_id, by="cli")
+        if as_json:
+            print_execution(client, execution_id)
+            return
     console.print(line(f"execution {execution_id} ", _status(status)))
 
 
@@ -154,16 +185,20 @@ def rerun(
         bool,
         typer.Option("--from-failed", help="A failed workflow: run its failed tasks again, keep what completed."),
     ] = False,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Run again as a new execution: the same action and parameters; with --from-failed, a
     failed (or cancelled) workflow from its failed tasks, keeping the results of the others.
-    Prints the new execution's id."""
+    Prints the new execution's id (with --json: the new execution, as `get --json` shows it)."""
     with state.client() as client:
         if from_failed:
             new_id = client.rerun(execution_id, from_failed=True, by="cli")
         else:
             original = client.get(execution_id, with_attempts=False)
             new_id = client.request(original.action_ref, original.parameters)
+        if as_json:
+            print_execution(client, new_id)
+            return
     console.print(str(new_id))
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.run import parse_json
 from conveyor.domain.errors import ConveyorError
 
@@ -85,7 +85,7 @@ def respond(
     as_: Annotated[
         str | None, typer.Option("--as", help="Who answers (default: CONVEYOR_USER, else your user name).")
     ] = None,
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Answer an inquiry. It completes its execution once enough distinct people answered
     (its quorum); an answer the schema refuses is an error naming each problem's path."""

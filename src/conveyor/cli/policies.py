@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state
+from conveyor.cli.context import JsonOption, JsonResultOption, console, err_console, line, print_json, state
 from conveyor.sdk import Client
 
 app = typer.Typer(help="Inspect and manage admission policies (concurrency limits).", no_args_is_help=True)
@@ -64,6 +64,7 @@ def set_(
     method: Annotated[
         Method, typer.Option(help="Beyond the limit: enqueue (wait in request order) or cancel (refuse at once).")
     ] = Method.enqueue,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Create or replace the operator policy for TARGET.
 
@@ -72,7 +73,10 @@ def set_(
     with state.client() as client:
         policy = client.set_policy(target, concurrency, parameters, method.value)
         notes = _notes(client, target, parameters)
-    console.print(f"policy {target} set: {summary(policy)}", highlight=False)
+    if as_json:
+        print_json(policy)  # as `policies list --json` shows it
+    else:
+        console.print(f"policy {target} set: {summary(policy)}", highlight=False)
     for note in notes:
         err_console.print(line(("note:", "yellow"), f" {note}"), highlight=False)
 
@@ -99,12 +103,15 @@ def _notes(client: Client, target: str, parameters: list[str]) -> list[str]:
 
 
 @app.command()
-def delete(target: Target) -> None:
+def delete(target: Target, as_json: bool = JsonResultOption) -> None:
     """Delete the policy for TARGET; whoever it kept waiting may be scheduled.
 
     Deleting an override of an action's own policy= puts that one back."""
     with state.client() as client:
         deleted = client.delete_policy(target)
+    if as_json:
+        print_json({"deleted": target, "released": deleted["released"], "restored": deleted["restored"]})
+        return
     console.print(f"policy {target} deleted; {deleted['released']} waiting execution(s) released", highlight=False)
     restored = deleted["restored"]
     if restored is not None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, err_console, line, print_json, state, when
 from conveyor.domain.errors import ConveyorError, InvalidRuleError
 from conveyor.rules.parse import MAX_DOCUMENT
 
@@ -33,13 +33,18 @@ def read_files(files: list[Path]) -> list[Path]:
 @app.command()
 def register(
     files: Annotated[list[Path], typer.Argument(help="YAML or JSON rules (one each).", show_default=False)],
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Register (create or update) rules. Every file is checked first and every problem
-    printed with its path; nothing is registered unless all are valid."""
+    printed with its path; nothing is registered unless all are valid. --json: the rules,
+    each as `get --json` shows it, with "created_now"."""
     paths = read_files(files)
     try:
         with state.client() as client:
             registered = client.register_rules(paths)
+            if as_json:
+                print_json([{**client.rule(r["ref"]), "created_now": r["created"]} for r in registered])
+                return
     except InvalidRuleError as exc:
         for text in exc.lines():
             err_console.print(line(("error:", "red"), f" {text}"), highlight=False)
@@ -93,24 +98,33 @@ def get(
 
 
 @app.command()
-def delete(ref: Ref) -> None:
+def delete(ref: Ref, as_json: bool = JsonResultOption) -> None:
     """Delete a rule; its enforcements stay, naming it."""
     with state.client() as client:
         client.delete_rule(ref)
+    if as_json:
+        print_json({"deleted": ref})
+        return
     console.print(f"rule {ref} deleted", highlight=False)
 
 
 @app.command()
-def enable(ref: Ref) -> None:
+def enable(ref: Ref, as_json: bool = JsonResultOption) -> None:
     """Enable a rule: matching events request its action again."""
     with state.client() as client:
         was = client.enable_rule(ref)
+        if as_json:
+            print_json({**client.rule(ref), "changed": not was})
+            return
     console.print(f"rule {ref} enabled{' (it was already)' if was else ''}", highlight=False)
 
 
 @app.command()
-def disable(ref: Ref) -> None:
+def disable(ref: Ref, as_json: bool = JsonResultOption) -> None:
     """Disable a rule: matching events are recorded as 'rule_disabled', nothing requested."""
     with state.client() as client:
         was = client.disable_rule(ref)
+        if as_json:
+            print_json({**client.rule(ref), "changed": was})
+            return
     console.print(f"rule {ref} disabled{'' if was else ' (it was already)'}", highlight=False)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, line, print_json, state, styled, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.run import parse_parameters
 from conveyor.domain.errors import ConveyorError
 
@@ -54,7 +54,7 @@ def create(
     ends: Annotated[str | None, typer.Option("--ends", help="No slot after (ISO 8601)")] = None,
     description: Annotated[str | None, typer.Option("--description")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace a schedule of that name")] = False,
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Create a schedule: exactly one of --cron, --interval or --at."""
     if sum(x is not None for x in (cron, interval, at)) != 1:
@@ -133,23 +133,29 @@ def get(
 
 
 @app.command()
-def pause(name: Name) -> None:
+def pause(name: Name, as_json: bool = JsonResultOption) -> None:
     """Stop firing (the slots while paused are not fired; backfill them)."""
     with state.client() as client:
         was = client.pause_schedule(name)["was_paused"]
+        if as_json:
+            print_json({**client.schedule(name), "changed": not was})
+            return
     console.print(f"schedule {name} {'was already paused' if was else 'paused'}", highlight=False)
 
 
 @app.command()
-def resume(name: Name) -> None:
+def resume(name: Name, as_json: bool = JsonResultOption) -> None:
     """Fire again, from now."""
     with state.client() as client:
         was = client.resume_schedule(name)["was_paused"]
+        if as_json:
+            print_json({**client.schedule(name), "changed": was})
+            return
     console.print(f"schedule {name} {'resumed' if was else 'was not paused'}", highlight=False)
 
 
 @app.command()
-def fire(name: Name, as_json: bool = JsonOption) -> None:
+def fire(name: Name, as_json: bool = JsonResultOption) -> None:
     """Fire now (origin manual)."""
     with state.client() as client:
         slot = client.fire_schedule(name)
@@ -167,7 +173,7 @@ def backfill(
     name: Name,
     since: Annotated[str, typer.Option("--since", help="From (ISO 8601, inclusive)")],
     until: Annotated[str, typer.Option("--until", help="To (ISO 8601, exclusive)")],
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Fire the slots of [since, until) not fired yet (origin backfill)."""
     with state.client() as client:
@@ -179,8 +185,11 @@ def backfill(
 
 
 @app.command()
-def delete(name: Name) -> None:
+def delete(name: Name, as_json: bool = JsonResultOption) -> None:
     """Delete a schedule and its slot rows (the executions and events it made stay)."""
     with state.client() as client:
         client.delete_schedule(name)
+    if as_json:
+        print_json({"deleted": name})
+        return
     console.print(f"schedule {name} deleted", highlight=False)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor.cli.context import JsonOption, console, line, print_json, state, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, when
 from conveyor.cli.run import parse_json
 from conveyor.domain.errors import ConveyorError
 
@@ -38,7 +38,7 @@ def register(
         str | None, typer.Option("--schema", help="A JSON Schema file for the payloads ('-': standard input).")
     ] = None,
     description: Annotated[str | None, typer.Option(help="What its events mean.")] = None,
-    as_json: bool = JsonOption,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Create a custom trigger, or update its payload schema and description."""
     payload_schema = read_json_file(schema, "--schema") if schema is not None else None
@@ -84,7 +84,7 @@ def get(name: Annotated[str, typer.Argument(help="Trigger name")], as_json: bool
 
 
 @app.command()
-def delete(name: Annotated[str, typer.Argument(help="Trigger name")], as_json: bool = JsonOption) -> None:
+def delete(name: Annotated[str, typer.Argument(help="Trigger name")], as_json: bool = JsonResultOption) -> None:
     """Delete a trigger; refused while rules, webhooks, schedules or its events use it."""
     with state.client() as client:
         client.delete_trigger(name)

@@ -16,9 +16,10 @@ import typer
 from rich.table import Table
 
 from conveyor import webhooks as hooks
-from conveyor.cli.context import JsonOption, console, err_console, print_json, state, when
+from conveyor.cli.context import JsonOption, JsonResultOption, console, err_console, print_json, state, when
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.webhooks import new_secret
+from conveyor.sdk import Client
 from conveyor.store.queries import Q
 
 app = typer.Typer(help="Webhooks: HTTP doors that emit events for rules.", no_args_is_help=True)
@@ -68,11 +69,13 @@ def create(
         Path | None, typer.Option(help='JSON Schema file for the event payload {"body": ..., "headers": ...}.')
     ] = None,
     description: Annotated[str | None, typer.Option(help="What it is for.")] = None,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Create or update webhook NAME and its trigger. Exactly one way to authenticate.
 
     On update, --hmac-secret-*/--bearer-token-env may be left out to keep the stored one
-    (give the same kind of auth: e.g. --no-auth replaces any secret)."""
+    (give the same kind of auth: e.g. --no-auth replaces any secret). --json: the webhook as
+    `get --json` shows it, with "created_now" and, when generated, its "secret"."""
     chosen = [hmac_secret_env is not None, hmac_secret_file is not None, generate_secret,
               bearer_token_env is not None, no_auth]  # fmt: skip
     if sum(chosen) > 1:
@@ -95,7 +98,11 @@ def create(
     )  # fmt: skip
     with state.client() as client, client.conn.transaction(), hooks.refusals():
         row = client.conn.execute(Q["register_webhook"], params).fetchone()
-    assert row is not None
+        assert row is not None
+        if as_json:
+            print_json({**_webhook(client, name), "created_now": row["created"],
+                        **({"secret": secret} if generate_secret else {})})  # fmt: skip
+            return
     verb = "created" if row["created"] else "updated"
     err_console.print(f"webhook {name} {verb} (auth {auth}): POST /api/v1/webhooks/{name}", highlight=False)
     if generate_secret:
@@ -124,15 +131,21 @@ def list_(as_json: bool = JsonOption) -> None:
     console.print(table)
 
 
+def _webhook(client: Client, name: str) -> dict[str, Any]:
+    """One webhook as ``get --json`` shows it (never a secret: whether one is set)."""
+    row = client.conn.execute(Q["get_webhook"], {"name": name}).fetchone()
+    if row is None:
+        raise hooks.not_found(name)
+    return dict(row)
+
+
 @app.command()
 def get(name: Name, as_json: bool = JsonOption) -> None:
     """One webhook's settings."""
     with state.client() as client:
-        row = client.conn.execute(Q["get_webhook"], {"name": name}).fetchone()
-    if row is None:
-        raise hooks.not_found(name)
+        row = _webhook(client, name)
     if as_json:
-        print_json(dict(row))
+        print_json(row)
         return
     for label, value in [("name", row["name"]), ("door", f"POST /api/v1/webhooks/{row['name']}"),
                          ("trigger", row["trigger"]), ("auth", _show(row)),
@@ -146,31 +159,37 @@ def get(name: Name, as_json: bool = JsonOption) -> None:
 
 
 @app.command()
-def delete(name: Name) -> None:
+def delete(name: Name, as_json: bool = JsonResultOption) -> None:
     """Delete it: its door answers 404. Its events are kept."""
     with state.client() as client:
         row = client.conn.execute(Q["delete_webhook"], {"name": name}).fetchone()
     if row is None or not row["deleted"]:
         raise hooks.not_found(name)
+    if as_json:
+        print_json({"deleted": name})
+        return
     console.print(f"webhook {name} deleted", highlight=False)
 
 
-def _enable(name: str, enabled: bool) -> None:
+def _enable(name: str, enabled: bool, as_json: bool) -> None:
     with state.client() as client:
         row = client.conn.execute(Q["set_webhook_enabled"], {"name": name, "enabled": enabled}).fetchone()
-    if row is None:
-        raise hooks.not_found(name)
+        if row is None:
+            raise hooks.not_found(name)
+        if as_json:
+            print_json({**_webhook(client, name), "changed": row["was"] != enabled})
+            return
     now = "enabled" if enabled else "disabled (its door answers 404)"
     console.print(f"webhook {name} {now}" + (" already" if row["was"] == enabled else ""), highlight=False)
 
 
 @app.command()
-def enable(name: Name) -> None:
+def enable(name: Name, as_json: bool = JsonResultOption) -> None:
     """Open its door again."""
-    _enable(name, True)
+    _enable(name, True, as_json)
 
 
 @app.command()
-def disable(name: Name) -> None:
+def disable(name: Name, as_json: bool = JsonResultOption) -> None:
     """Close its door (404, as an unknown webhook) until enabled."""
-    _enable(name, False)
+    _enable(name, False, as_json)

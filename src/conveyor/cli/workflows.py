@@ -11,7 +11,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state, styled, when
+from conveyor.cli.context import (
+    JsonOption,
+    JsonResultOption,
+    console,
+    err_console,
+    line,
+    print_json,
+    state,
+    styled,
+    when,
+)
 from conveyor.domain.errors import ConveyorError, InvalidWorkflowError
 from conveyor.workflows.graph import describe, graph
 from conveyor.workflows.registration import MAX_SOURCE, Definition
@@ -46,17 +56,21 @@ def register(
     ref: Annotated[
         str | None, typer.Option("--ref", help="The ref of a definition that names none (no `ref:` in it).")
     ] = None,
+    as_json: bool = JsonResultOption,
 ) -> None:
     """Register workflow definitions: each becomes an action runnable with `conveyor run REF`.
 
     Every file is checked first (syntax, unknown actions and tasks, unreachable tasks,
     expressions) and every problem printed with its path; nothing is registered unless all
     are valid. Registering a ref again makes a new version: running workflows finish on the
-    version they started with."""
+    version they started with. --json: the versions registered, each as `get --json` shows it."""
     definitions = read_definitions(files, ref)
     try:
         with state.client() as client:
             registered = client.register_workflows(definitions)
+            if as_json:
+                print_json([client.workflow(r["ref"], version=r["version"]) for r in registered])
+                return
     except InvalidWorkflowError as exc:
         for text in exc.lines():
             err_console.print(line(("error:", "red"), f" {text}"), highlight=False)
@@ -123,11 +137,14 @@ def show_workflow(workflow: dict[str, Any]) -> None:
 
 
 @app.command()
-def delete(ref: Ref) -> None:
+def delete(ref: Ref, as_json: bool = JsonResultOption) -> None:
     """Delete a workflow (every version): it can no longer be run. Executions already
     running finish on the version they started with."""
     with state.client() as client:
         deleted = client.delete_workflow(ref)
+    if as_json:
+        print_json({"deleted": ref, "versions": deleted})
+        return
     console.print(f"workflow {ref} deleted ({deleted} version(s))", highlight=False)
 
 

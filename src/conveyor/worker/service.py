@@ -48,6 +48,7 @@ from conveyor.store.rows import ClaimedRun, Decisions, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
 from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
+from conveyor.worker.naming import default_worker_name
 from conveyor.worker.output import OutputWriter
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
@@ -57,10 +58,6 @@ log = structlog.get_logger(__name__)
 
 
 _NAME = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
-
-
-def default_worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class WorkerService:
