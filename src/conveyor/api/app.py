@@ -9,7 +9,7 @@ from fastapi import APIRouter, FastAPI
 from psycopg_pool import AsyncConnectionPool
 
 import conveyor
-from conveyor.api import dashboard, errors
+from conveyor.api import dashboard, docs, errors
 from conveyor.api.auth import TokenCache
 from conveyor.api.context import ApiContext, ApiPool
 from conveyor.api.limits import BodyLimit, JsonBodies
@@ -43,8 +43,9 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
         version=conveyor.__version__,
         description=DESCRIPTION,
         openapi_url="/api/v1/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # docs.py serves /docs with Swagger UI's files from this server, not a CDN
         redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
     api_pool = ApiPool(pool, settings.api.database_timeout)
     app.state.ctx = ApiContext(settings, api_pool, transport)
@@ -70,6 +71,7 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)
+    app.include_router(docs.router)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     return app

@@ -60,7 +60,10 @@
     if (html !== region.html) {
       const fresh = document.createElement("template");
       fresh.innerHTML = html;
+      // A <details> the reader opened (a chart's numbers) stays open: the server renders it closed.
+      const opened = [...region.el.querySelectorAll("details[open][id]")].map((d) => d.id);
       patchChildren(region.el, fresh.content);
+      for (const id of opened) document.getElementById(id)?.setAttribute("open", "");
       region.html = html;
     }
     region.final = region.el.querySelector("[data-final]") !== null;
