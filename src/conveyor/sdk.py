@@ -228,7 +228,8 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
     ) -> list[ExecutionSummary]:
         """Newest first, as summaries (no full parameters or result: ``get`` has them)."""
         params = {"statuses": [status] if status else None, "action": action, "worker": None, "since": None,
-                  "until": None, "before": before, "limit": limit, "with_result": True}  # fmt: skip
+                  "until": None, "before": before, "limit": limit, "with_result": True,
+                  "parameters": None, "error": None, "floor": None}  # fmt: skip
         rows = self.conn.execute(Q["api_list_executions"], params).fetchall()
         return [ExecutionSummary(**{**summary_fields(r), "status": ExecutionStatus(r["status"])}) for r in rows]
 

@@ -82,7 +82,7 @@ class ExecutionSummary:
 
 def summary_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of an :class:`ExecutionSummary` from an ``api_list_executions`` row."""
-    fields = {k: v for k, v in row.items() if k != "parameters_head"}
+    fields = {k: v for k, v in row.items() if k not in ("parameters_head", "error_head")}
     head: str = row["parameters_head"]
     fields["parameters_preview"] = head[:PREVIEW]
     fields["parameters_truncated"] = len(head) > PREVIEW

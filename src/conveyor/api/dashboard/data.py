@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from conveyor.api import search
 from conveyor.api.dashboard.forms import answer_fields
+from conveyor.api.dashboard.listing import Search, admission_view, admission_waiting
 from conveyor.api.dashboard.web import pretty
 from conveyor.api.dashboard.workflow_views import workflow_of
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
@@ -58,16 +60,19 @@ class ExecutionFilters:
     worker: str | None = None
     before: int | None = None
     problems: list[str] = field(default_factory=list)
+    search: Search = field(default_factory=Search)  # since, until, parameters, error (issue #15)
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> ExecutionFilters:
         problems: list[str] = []
         status = _choice(params, "status", STATUSES, problems)
         before = _id(params, "before", problems)
-        return cls(status, _text(params, "action"), _text(params, "worker"), before, problems)
+        found = Search.parse(params, problems)
+        return cls(status, _text(params, "action"), _text(params, "worker"), before, problems, found)
 
     def query(self, **changes: Any) -> str:
-        values = {"status": self.status, "action": self.action, "worker": self.worker, "before": self.before}
+        values = {"status": self.status, "action": self.action, "worker": self.worker, **self.search.query(),
+                  "before": self.before}  # fmt: skip
         values.update(changes)
         return urlencode({k: v for k, v in values.items() if v is not None})
 
@@ -120,11 +125,16 @@ async def overview(conn: Any) -> dict[str, Any]:
 
 async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
     statuses = [filters.status] if filters.status else None
-    params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": None,
-              "until": None, "before": filters.before, "limit": PAGE, "with_result": False}  # fmt: skip
+    found = filters.search
+    params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": found.since,
+              "until": found.until, "before": filters.before, "limit": PAGE, "with_result": False}  # fmt: skip
+    floor = await search.window(conn, filters.before, found.wanted, found.error)
+    params.update(search.search_params(found.wanted, found.error, floor))
     rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
-    older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
-    return {"executions": rows, "older": older}
+    cursor = search.next_cursor(rows, PAGE, floor)
+    older = filters.query(before=cursor) if cursor is not None else None
+    return {"executions": rows, "older": older, "floor": floor, "admission": await admission_waiting(conn, rows),
+            "finished_statuses": FINISHED}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +184,14 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     inquiry = await (await conn.execute(Q["inquiry_of_execution"], {"id": eid})).fetchone()
     # What started it (issue #13): a rule's enforcement (and its event) or a schedule's slot.
     origin = await (await conn.execute(Q["dash_execution_origin"], {"id": eid})).fetchone()
+    admission = admission_view(await (await conn.execute(Q["admission_of"], {"id": eid})).fetchone())
     if origin is not None and origin["enforcement"] is None and origin["schedule"] is None:
         origin = None
     return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
             "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid),
             "children": children, "children_more": len(children) == PAGE, "inquiry": inquiry,
-            "origin": origin}  # fmt: skip
+            "origin": origin, "finished_statuses": FINISHED,
+            "admission": admission}  # fmt: skip
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:

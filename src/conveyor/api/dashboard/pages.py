@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 import structlog
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from conveyor.api.context import context
-from conveyor.api.dashboard import data, workflow_views
+from conveyor.api.dashboard import data, listing, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
@@ -92,6 +93,8 @@ def _executions_loader(request: Request, page: bool) -> Loader:
             schemas = {a["ref"]: {"schema": a["parameters_schema"], "description": a["description"]} for a in actions}
             values.update(actions=actions, schemas=schemas, statuses=data.STATUSES,
                           worker_names=[w["name"] for w in await data.workers(conn)])  # fmt: skip
+            values.update(retry_query=urlencode(listing.api_query(filters)), retry_limit=listing.RETRY_LIMIT,
+                          search_scan=listing.SCAN)  # fmt: skip
         return values
 
     return load

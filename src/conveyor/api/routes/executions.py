@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from psycopg.types.json import Jsonb
 
 from conveyor import verbs
+from conveyor.api import search
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import ClientGoneError
@@ -50,6 +51,11 @@ CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
     201: {"description": "the execution was created"},
     409: {"model": ErrorOut, "description": "the Idempotency-Key was already used for a different request"},
 }
+SEARCH_PARAMETERS = (
+    'parameters containing these: a JSON object ({"host": "a"}) or key=value pairs (host=a,port=80; a value '
+    "that is JSON is read as JSON)"
+)
+SEARCH_ERROR = "text in the error (case-insensitive)"
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -141,15 +147,23 @@ async def list_executions(
     until: Annotated[datetime | None, Query(description="created before")] = None,
     before: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    parameters: Annotated[str | None, Query(max_length=search.MAX_TERM, description=SEARCH_PARAMETERS)] = None,
+    error: Annotated[str | None, Query(max_length=search.MAX_TERM, description=SEARCH_ERROR)] = None,
 ) -> dict[str, Any]:
     """Newest first, as summaries: a preview of the parameters, the result without its
-    stdout, stderr and data, and sizes. ``GET /api/v1/executions/{id}`` has them in full."""
+    stdout, stderr and data, and sizes. ``GET /api/v1/executions/{id}`` has them in full.
+    A search (``parameters``, ``error``) examines at most 20,000 ids per page: follow
+    ``next_cursor`` until it is null to search further back."""
+    wanted = search.parse_parameters(parameters)
+    term = search.error_term(error)
     params = {"statuses": [s.value for s in status_] if status_ else None, "action": action, "worker": worker,
               "since": since, "until": until, "before": before, "limit": limit, "with_result": True}  # fmt: skip
     async with ctx.pool.connection() as conn:
+        floor = await search.window(conn, before, wanted, term)
+        params.update(search.search_params(wanted, term, floor))
         rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
     items = [summary_fields(r) for r in rows]
-    return {"items": items, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+    return {"items": items, "next_cursor": search.next_cursor(rows, limit, floor)}
 
 
 @router.get("/stream", responses=ERRORS, response_class=StreamingResponse)

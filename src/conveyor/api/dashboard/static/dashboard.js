@@ -313,6 +313,7 @@
   }
 
   document.addEventListener("visibilitychange", () => document.hidden || tick());
+  document.addEventListener("conveyor:changed", () => tick()); // actions.js changed something: refresh now
   if (regions.length && regions.every((r) => r.final)) say("ok", "final: nothing more will change");
   if (regions.length) timer = setTimeout(tick, POLL_MS);
 })();

@@ -39,7 +39,11 @@ SELECT e.id, e.action_ref, e.status, e.worker, w.name AS worker_name,
        CASE WHEN %(with_result)s::bool THEN
            CASE WHEN jsonb_typeof(e.result) = 'object' THEN e.result - '{stdout,stderr,data}'::text[] END
        END AS result_summary,
-       pg_column_size(e.result) AS result_size
+       pg_column_size(e.result) AS result_size,
+       -- The error's start, for the dashboard's list (issue #15); read only for the
+       -- statuses that carry one, so the other rows' results are not fetched for it.
+       CASE WHEN e.status IN ('failed', 'timeout', 'abandoned', 'cancelled') THEN left(e.result ->> 'error', 201)
+       END AS error_head
 FROM execution e LEFT JOIN worker w ON w.id = e.worker
 WHERE (%(statuses)s::text[] IS NULL OR e.status = ANY(%(statuses)s::text[]))
   AND (%(action)s::text IS NULL OR e.action_ref = %(action)s)
@@ -47,8 +51,23 @@ WHERE (%(statuses)s::text[] IS NULL OR e.status = ANY(%(statuses)s::text[]))
   AND (%(since)s::timestamptz IS NULL OR e.created >= %(since)s)
   AND (%(until)s::timestamptz IS NULL OR e.created < %(until)s)
   AND (%(before)s::bigint IS NULL OR e.id < %(before)s)
+  -- Searches (issue #15): parameters containing a JSON object, text in the error. No
+  -- index serves them (no GIN on parameters, the error is inside the result), so the
+  -- caller always bounds them by an id window, floor <= id < before (conveyor.api.search:
+  -- at most SCAN ids): the plan is a backward range scan of the primary key over that
+  -- window, filtering each row, never the whole table (EXPLAIN in test_execution_search).
+  AND (%(floor)s::bigint IS NULL OR e.id >= %(floor)s)
+  AND (%(parameters)s::jsonb IS NULL OR e.parameters @> %(parameters)s::jsonb)
+  AND (%(error)s::text IS NULL
+       OR (e.status IN ('failed', 'timeout', 'abandoned', 'cancelled')
+           AND strpos(lower(e.result ->> 'error'), lower(%(error)s::text)) > 0))
 ORDER BY e.id DESC
 LIMIT %(limit)s;
+
+-- name: execution_top_id
+-- One above the newest execution's id (the primary key's last entry): where a search's
+-- id window starts when the caller gave no cursor.
+SELECT coalesce(max(id), 0) + 1 AS top FROM execution;
 
 -- name: executions_changed
 -- Executions whose row changed after the cursor (updated, id), oldest change first:
