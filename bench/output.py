@@ -136,6 +136,11 @@ def main() -> None:
             t.start()
         for t in readers:
             t.join(timeout=120)
+        with connect(url) as conn:  # the same counters after a run that prints: they do count
+            printed = conn.execute(
+                "SELECT (SELECT count(*) FROM execution_output),"
+                " (SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'append_output')"
+            ).fetchone()
         print(f"# bench/output.py  {platform.node()}  cpus={os.cpu_count()}  python {sys.version.split()[0]}")
         print("# server:", "  ".join(f"{k}={v}" for k, v in server_settings(url).items()))
         print(f"# worker.max_concurrent_tasks=10  worker.output_interval={args.output_interval or 'default (0.25)'}"
@@ -144,6 +149,8 @@ def main() -> None:
             print(f"reference  {what:<22} {tps:>9,.0f} tps  {ms:.2f} ms")
         print(f"no-op drain of {args.n}: {per_s:,.0f} executions/s;"
               f" live output wrote {rows} rows in {calls} append_output calls")  # fmt: skip
+        assert printed is not None
+        print(f"the printing run ({args.lines} lines): {printed[0]} rows in {printed[1]} append_output calls")
         for label, delays in (("SDK follow_output (conveyor executions tail -f)", sdk), ("API SSE (dashboard)", sse)):
             got = sorted(1000 * d for d in delays)
             if got:
