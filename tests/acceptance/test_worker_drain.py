@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,7 +123,7 @@ def test_second_sigterm_exits_fast_and_releases_the_run(procs: Procs, env: dict[
 # -- h. cordon, uncordon, drain -----------------------------------------------------------------
 
 
-def test_cordon_uncordon_and_drain(procs: Procs, env: dict[str, str], db: Conn) -> None:
+def test_cordon_uncordon_and_drain(procs: Procs, env: dict[str, str], db: Conn, tmp_path: Path) -> None:
     start_executor(procs, env)
     start_worker(procs, env, "wa", CONVEYOR__WORKER__MAX_CONCURRENT_TASKS=1)
     start_worker(procs, env, "wb")
@@ -150,9 +151,11 @@ def test_cordon_uncordon_and_drain(procs: Procs, env: dict[str, str], db: Conn) 
 
     # wa runs a long one and holds two more it cannot start yet (wb cordoned meanwhile).
     assert procs.run("workers", "cordon", "wb").returncode == 0
-    # Long enough to outlast the four CLI calls below on a busy machine (at 4 s it ended
-    # first once, and the slot it freed took the two held ones before the drain).
-    long = request(db, "core.sleep", {"seconds": 12})
+    # It runs until the test opens its gate: a fixed sleep ended first on a busy machine (4 s
+    # once, 12 s once, with the four CLI calls below slow), and the slot it freed took the two
+    # held ones before the drain.
+    gate = tmp_path / "gate"
+    long = request(db, "core.local", {"cmd": f"while [ ! -e {gate} ]; do sleep 0.05; done"})
     assert until_status(procs, db, long, {"running"})["worker_name"] == "wa"
     held = request_executions(db, [("core.noop", {})] * 2)
     until(procs, lambda: all(execution(db, eid)["status"] == "scheduled" for eid in held))
@@ -167,6 +170,7 @@ def test_cordon_uncordon_and_drain(procs: Procs, env: dict[str, str], db: Conn) 
         assert (done["status"], done["worker_name"], done["attempt"]) == ("completed", "wb", 1), done
     # The drained worker gets nothing new; what it runs carries on there.
     assert run_batch(3) == {"wb"}
+    gate.touch()
     finished = until_status(procs, db, long, TERMINAL)
     assert (finished["status"], finished["worker_name"]) == ("completed", "wa")
     assert summary(attempts(db, long)) == [(1, "wa", "completed")]
