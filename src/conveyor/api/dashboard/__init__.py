@@ -13,6 +13,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from conveyor.api.dashboard import automation_pages, chart_pages, pages, token_pages, web
+from conveyor.api.dashboard.action_pages import router as actions_router  # issue #15
+from conveyor.api.dashboard.policy_pages import router as policies_router  # issue #15
 
 router = APIRouter(include_in_schema=False)
 router.include_router(web.router)
@@ -20,5 +22,7 @@ router.include_router(pages.router)
 router.include_router(automation_pages.router)
 router.include_router(chart_pages.router)  # issue #15: /charts
 router.include_router(token_pages.router)  # issue #15: /tokens, for admins
+router.include_router(policies_router)  # issue #15: /policies
+router.include_router(actions_router)  # issue #15: /actions
 
 __all__ = ["router"]

@@ -95,6 +95,7 @@ def _executions_loader(request: Request, page: bool) -> Loader:
                           worker_names=[w["name"] for w in await data.workers(conn)])  # fmt: skip
             values.update(retry_query=urlencode(listing.api_query(filters)), retry_limit=listing.RETRY_LIMIT,
                           search_scan=listing.SCAN)  # fmt: skip
+            values.update(request_ref=request.query_params.get("request"))  # /actions' "Request…" link
         return values
 
     return load
