@@ -107,7 +107,7 @@ class WorkerEvents:
         before = self.snapshot()
         with c.transaction():
             c.execute(Q["lock_assignment"])
-            c.execute(Q["set_worker_status"], {"id": wid, "status": "draining"})
+            c.execute(Q["set_worker_status"], {"id": wid, "status": "draining", "reason": None})
             back = c.execute(Q["hand_back_scheduled"], {"worker": wid}).fetchall()
         decisions = Decisions()
         for eid, attempt in proc.runs.items():
@@ -115,7 +115,7 @@ class WorkerEvents:
         params = decisions.params(AttemptEnd.INTERRUPTED, by="worker", from_statuses=(S.RUNNING,), worker=wid)
         released = c.execute(Q["resolve_attempts"], params).fetchall() if decisions.ids else []
         runs = dict(proc.runs)
-        self.env.run(proc.liveness.close("inactive"))
+        self.env.run(proc.liveness.close())
         self.gone(proc)
         after = self.snapshot()
         scheduled = {eid for eid, e in before.executions.items() if e["status"] == "scheduled" and e["worker"] == wid}

@@ -79,7 +79,7 @@ async def test_restart_under_the_same_name_before_any_sweep_recovers_the_lost_ru
         # Dispatched again (to the new process), as attempt 2.
         assert await start_on(conn, pool, transport, worker_id, lost) == 2
     finally:
-        await second.close("inactive")
+        await second.close()
 
 
 _LOCK_HOLDER = (
@@ -141,7 +141,7 @@ async def test_a_reconnecting_process_detaches_nothing_at_registration(
     finally:
         beating.cancel()
         await asyncio.gather(beating, return_exceptions=True)
-        await live.close("inactive")
+        await live.close()
 
 
 async def test_a_missing_lock_is_fatal_only_after_the_workers_grace(

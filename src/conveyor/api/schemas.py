@@ -180,6 +180,11 @@ class WorkerOut(BaseModel):
     stale_after: float | None
     created: datetime
     updated: datetime
+    inactive_reason: str | None = Field(
+        None, description="why it is inactive: stopped, process_gone, lock_lost or heartbeat_stale (None while alive)"
+    )
+    inactive_since: datetime | None = None
+    inactive_age: float | None = Field(None, description="seconds since inactive_since (database clock)")
 
 
 class WorkerChange(BaseModel):

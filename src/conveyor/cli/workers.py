@@ -10,6 +10,7 @@ from rich.table import Table
 
 from conveyor.cli.context import JsonOption, JsonResultOption, age, console, print_json, state
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.models import WorkerInfo
 from conveyor.sdk import Client
 
 app = typer.Typer(help="Inspect and manage workers.", no_args_is_help=True)
@@ -17,7 +18,8 @@ app = typer.Typer(help="Inspect and manage workers.", no_args_is_help=True)
 
 @app.command("list")
 def list_(as_json: bool = JsonOption) -> None:
-    """Every worker with its state, load and heartbeat age (database clock)."""
+    """Every worker with its state (an inactive one: why, and since when), load and heartbeat age
+    (database clock)."""
     with state.client() as client:
         rows = client.workers()
     if as_json:
@@ -28,7 +30,7 @@ def list_(as_json: bool = JsonOption) -> None:
         table.add_row(
             str(w.id),
             w.name,
-            w.status + (" (cordoned)" if w.cordoned else ""),
+            _state(w),
             f"{w.load}/{w.capacity}",
             ",".join(w.runtimes),
             age(w.heartbeat_age),
@@ -36,6 +38,14 @@ def list_(as_json: bool = JsonOption) -> None:
             str(w.pid or "-"),
         )
     console.print(table)
+
+
+def _state(w: WorkerInfo) -> str:
+    """``active (cordoned)``, or why and how long ago an inactive one went inactive."""
+    text = w.status + (" (cordoned)" if w.cordoned else "")
+    if w.inactive_reason is not None:
+        text += f": {w.inactive_reason}, {age(w.inactive_age)} ago"
+    return text
 
 
 Name: TypeAlias = Annotated[str, typer.Argument(help="Worker name")]

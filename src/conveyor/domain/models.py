@@ -110,6 +110,9 @@ class WorkerInfo:
     updated: datetime
     cordoned: bool = False
     stale_after: float | None = None
+    inactive_reason: str | None = None  # why it is inactive (InactiveReason), None while alive
+    inactive_since: datetime | None = None
+    inactive_age: float | None = None  # seconds since, by the database clock
 
 
 @dataclass(frozen=True, slots=True)

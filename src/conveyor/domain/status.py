@@ -36,6 +36,15 @@ class WorkerStatus(StrEnum):
     INACTIVE = "inactive"
 
 
+class InactiveReason(StrEnum):
+    """Why a worker is inactive (``worker.inactive_reason``, migration 0030)."""
+
+    STOPPED = "stopped"  # its own graceful shutdown
+    PROCESS_GONE = "process_gone"  # lock gone, no session of its process left: it died
+    LOCK_LOST = "lock_lost"  # lock gone past its lock_grace, its process's other sessions alive
+    HEARTBEAT_STALE = "heartbeat_stale"  # heartbeat older than its stale_after, or never sent
+
+
 S = ExecutionStatus
 
 TERMINAL: frozenset[ExecutionStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.ABANDONED})

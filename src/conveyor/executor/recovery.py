@@ -26,7 +26,7 @@ from conveyor.domain.outcome import (
     after_worker_lost,
 )
 from conveyor.domain.policy import WorkerLostPolicy
-from conveyor.domain.status import ExecutionStatus
+from conveyor.domain.status import ExecutionStatus, InactiveReason
 from conveyor.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
@@ -78,9 +78,10 @@ class Recovery:
         _count_sweep(dead, back, moved)
         for w in dead:
             age = w["heartbeat_age"]
-            if w["lock_lost"] and w["process_gone"]:
+            # The statement decided why (worker.inactive_reason): the log line says it in words.
+            if w["reason"] == InactiveReason.PROCESS_GONE:
                 reason = f"liveness lock released: process gone, no session left (last heartbeat {age:.1f}s ago)"
-            elif w["lock_lost"]:
+            elif w["reason"] == InactiveReason.LOCK_LOST:
                 reason = (f"liveness lock released: process gone, lock not re-taken within its lock_grace "
                           f"(last heartbeat {age:.1f}s ago)")  # fmt: skip
             else:
@@ -88,6 +89,7 @@ class Recovery:
             log.warning(
                 f"Worker {w['name']} (ID: {w['id']}) {reason}, marking as inactive",
                 worker=w["name"], worker_id=w["id"], heartbeat_age=round(age, 3) if age is not None else None,
+                inactive_reason=w["reason"],
             )  # fmt: skip
         stale = sum(1 for w in dead if not w["lock_lost"])  # the seeds' summary line counts these
         if stale:

@@ -54,7 +54,7 @@ from psycopg.rows import dict_row
 
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
-from conveyor.domain.status import WorkerStatus
+from conveyor.domain.status import InactiveReason, WorkerStatus
 from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 
@@ -130,13 +130,15 @@ class Liveness:
         self.accepting.clear()
         self._registration["status"] = WorkerStatus.DRAINING
 
-    async def close(self, status: str) -> None:
-        """Record the final status; closing the connection releases the lock."""
+    async def close(self, reason: InactiveReason = InactiveReason.STOPPED) -> None:
+        """Record the row inactive and why; closing the connection releases the lock."""
         self.accepting.clear()
         if self._conn is not None and not self._conn.closed:
+            status = WorkerStatus.INACTIVE
             try:
                 async with asyncio.timeout(self._cfg.heartbeat_interval):
-                    await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status})
+                    await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status,
+                                                                      "reason": reason})  # fmt: skip
             except (psycopg.OperationalError, TimeoutError) as exc:
                 log.warning("cannot record worker status", status=status, error=str(exc).strip())
             await self._conn.close()

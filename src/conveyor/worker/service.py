@@ -41,7 +41,7 @@ from conveyor.domain.errors import ConveyorError
 from conveyor.domain.models import ActionResult
 from conveyor.domain.outcome import AttemptEnd, after_interrupted, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
-from conveyor.domain.status import ExecutionStatus, WorkerStatus
+from conveyor.domain.status import ExecutionStatus, InactiveReason, WorkerStatus
 from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun, Decisions, action_row
@@ -156,7 +156,7 @@ class WorkerService:
         finally:
             self._tasks = None
             self._threads.shutdown(wait=False, cancel_futures=True)
-            await self._liveness.close(WorkerStatus.INACTIVE)
+            await self._liveness.close(InactiveReason.STOPPED)
         log.info("worker stopped", worker=self.name, worker_id=self.worker_id)
 
     # -- claiming -----------------------------------------------------------------
@@ -401,7 +401,8 @@ class WorkerService:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
-                await conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": WorkerStatus.DRAINING})
+                draining = {"id": self.worker_id, "status": WorkerStatus.DRAINING, "reason": None}
+                await conn.execute(Q["set_worker_status"], draining)
                 back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
             if back:
                 log.info("handed back scheduled executions", count=len(back))

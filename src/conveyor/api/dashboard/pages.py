@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from conveyor.api.context import context
-from conveyor.api.dashboard import data, listing, workflow_views
+from conveyor.api.dashboard import data, listing, worker_views, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
@@ -134,7 +134,7 @@ async def execution_live(request: Request, execution_id: str) -> Response:
 
 
 async def _workers(conn: Any) -> dict[str, Any]:
-    return {"workers": await data.workers(conn)}
+    return await worker_views.workers(conn)  # issue #15: runs, offers, why inactive
 
 
 @router.get("/workers")

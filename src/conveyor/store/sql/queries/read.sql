@@ -17,7 +17,8 @@ SELECT w.id, w.name, w.worker_role, w.status, w.runtimes, w.capacity,
         WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load,
        w.host, w.pid, w.last_heartbeat,
        extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
-       w.created, w.updated, w.cordoned, w.stale_after
+       w.created, w.updated, w.cordoned, w.stale_after, w.inactive_reason, w.inactive_since,
+       extract(epoch FROM now() - w.inactive_since)::float8 AS inactive_age
 FROM worker w
 ORDER BY w.status, w.name;
 

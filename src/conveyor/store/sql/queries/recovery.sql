@@ -45,7 +45,21 @@ WITH held AS (
     SELECT DISTINCT substring(s.application_name FROM '\[([0-9a-f]{12})\]') AS tag
     FROM pg_stat_activity s WHERE s.datname = current_database()
 )
-UPDATE worker w SET status = 'inactive'
+-- Why (inactive_reason, migration 0030) is decided in the SET, over the row version the
+-- re-check judged: process_gone, else lock_lost, else heartbeat_stale -- the order the
+-- WHERE gives (a lock judged lost wins over a heartbeat that is also stale: it is the
+-- sharper cause).
+UPDATE worker w
+SET status = 'inactive', inactive_since = now(),
+    inactive_reason = CASE
+        WHEN w.lock_epoch = current_server_epoch()
+             AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
+             AND w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
+             AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag) THEN 'process_gone'
+        WHEN w.lock_epoch = current_server_epoch()
+             AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
+             AND w.lock_lost_at <= now() - make_interval(secs => w.lock_grace) THEN 'lock_lost'
+        ELSE 'heartbeat_stale' END
 WHERE w.status IN ('active', 'draining')
   AND (w.last_heartbeat IS NULL
        OR w.last_heartbeat < now() - make_interval(secs => w.stale_after)
@@ -54,17 +68,11 @@ WHERE w.status IN ('active', 'draining')
            AND (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
                 OR (w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
                     AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag)))))
-RETURNING w.id, w.name,
+RETURNING w.id, w.name, w.inactive_reason AS reason,
           extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
-          -- Why: the lock (after lock_grace, or at once with no session left), else the heartbeat.
-          coalesce(w.lock_epoch = current_server_epoch()
-                   AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
-                   AND (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
-                        OR (w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
-                            AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag))), false)
-              AS lock_lost,
-          coalesce(w.session_tag IS NOT NULL AND w.registered_at < statement_timestamp()
-                   AND NOT EXISTS (SELECT 1 FROM alive WHERE alive.tag = w.session_tag), false) AS process_gone;
+          -- The reason as the flags the sweep's log lines (and older tests) read.
+          w.inactive_reason IN ('process_gone', 'lock_lost') AS lock_lost,
+          w.inactive_reason = 'process_gone' AS process_gone;
 
 -- name: liveness_missing
 -- The recovery watch's frequent question (recovery.watch_interval): has an active

@@ -6,6 +6,7 @@ SELECT id, status FROM worker WHERE name = %(name)s FOR UPDATE;
 -- Upsert by name: a restarted worker keeps its id (and later its queue). Stamped with
 -- the server's epoch (stamp_server_epoch(), migration 0011), which tells the executors
 -- whether a missing liveness lock means a dead worker or a restarted (or crashed) server.
+-- Alive again: why and since when it was inactive (migration 0030) no longer apply.
 INSERT INTO worker (name, worker_role, status, runtimes, actions, capabilities, capacity,
                     host, pid, version, stale_after, lock_grace, lock_epoch, lock_lost_at, last_heartbeat,
                     session_tag, registered_at)
@@ -17,7 +18,8 @@ SET status = EXCLUDED.status, runtimes = EXCLUDED.runtimes, actions = EXCLUDED.a
     capabilities = EXCLUDED.capabilities, capacity = EXCLUDED.capacity, host = EXCLUDED.host,
     pid = EXCLUDED.pid, version = EXCLUDED.version, stale_after = EXCLUDED.stale_after,
     lock_grace = EXCLUDED.lock_grace, lock_epoch = EXCLUDED.lock_epoch, lock_lost_at = NULL,
-    last_heartbeat = now(), session_tag = EXCLUDED.session_tag, registered_at = now()
+    last_heartbeat = now(), session_tag = EXCLUDED.session_tag, registered_at = now(),
+    inactive_reason = NULL, inactive_since = NULL
 RETURNING id, lock_epoch;
 
 -- name: acquire_worker_lock
@@ -59,7 +61,16 @@ WHERE (action.description, action.runner_type, action.runtime, action.parameters
 UPDATE worker SET last_heartbeat = now() WHERE id = %(id)s AND status <> 'inactive' RETURNING status;
 
 -- name: set_worker_status
-UPDATE worker SET status = %(status)s WHERE id = %(id)s;
+-- The worker's own moves: draining (shutdown begun), or inactive with the reason the worker
+-- gives (stopped: its graceful shutdown, migration 0030) and the database's time. A row
+-- already inactive keeps its status, reason and time: an executor declared the worker
+-- dead (heartbeat_stale while it was partitioned, say) before it could stop, and that is
+-- what happened to it.
+UPDATE worker
+SET status = %(status)s::text,
+    inactive_reason = CASE WHEN %(status)s::text = 'inactive' THEN %(reason)s::text END,
+    inactive_since = CASE WHEN %(status)s::text = 'inactive' THEN now() END
+WHERE id = %(id)s AND NOT (status = 'inactive' AND %(status)s::text = 'inactive');
 
 -- name: claim_scheduled
 -- scheduled -> running for executions dispatched to this worker, guarded by worker.
