@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core_kit import Conn, connect, cpu_seconds, drop_database, fresh_database, pct, reference, server_settings
+from psycopg.types.json import Jsonb
 
 from conveyor.sdk import request_executions
 from conveyor.store.queries import Q
@@ -99,7 +100,7 @@ def conveyor_lane(conn: Conn, worker: int, lane: int, count: int, batch: int) ->
             Q["finish"],
             {"worker": worker, "ids": [r[0] for r in started], "attempts": [r[1] for r in started],
              "statuses": ["completed"] * n, "outcomes": ["completed"] * n, "delays": [None] * n,
-             "results": [None] * n, "errors": [None] * n},
+             "results": [Jsonb({})] * n, "errors": [None] * n},
         )  # fmt: skip
         done += n
 
@@ -173,7 +174,7 @@ def latency_floor(url: str, worker: int, k: int) -> list[float]:
                 Q["finish"],
                 {"worker": worker, "ids": [r[0] for r in started], "attempts": [r[1] for r in started],
                  "statuses": ["completed"] * n, "outcomes": ["completed"] * n, "delays": [None] * n,
-                 "results": [None] * n, "errors": [None] * n},
+                 "results": [Jsonb({})] * n, "errors": [None] * n},
             )  # fmt: skip
     return sorted(out)
 

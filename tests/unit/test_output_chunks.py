@@ -42,3 +42,17 @@ def test_each_stream_is_capped_and_taken_in_order() -> None:
     assert first == [("stdout", b"0123456789"), ("log", b"caf")]
     assert second == [("log", b"\xc3\xa9\n")]
     assert last == []
+
+
+def test_a_burst_is_cut_into_chunks_on_character_boundaries() -> None:
+    async def go() -> Any:
+        writer = OutputWriter(None, "w", limit=10 * 1024 * 1024, interval=1.0)  # type: ignore[arg-type]
+        run = writer.open(1, 1)
+        burst = "é" * (600 * 1024)  # 1.2 MB of two-byte characters
+        run.write("stdout", burst.encode())
+        return burst, run.take(final=False)
+
+    burst, chunks = asyncio.run(go())
+    assert len(chunks) > 4
+    assert all(len(data) <= 256 * 1024 for _, data in chunks)
+    assert "".join(data.decode() for _, data in chunks) == burst  # each chunk decodes alone

@@ -30,6 +30,8 @@ log = structlog.get_logger(__name__)
 
 STREAMS = ("stdout", "stderr", "log")
 _SOON = 64 * 1024  # bytes waiting that make the writer flush before its interval
+_CHUNK = 256 * 1024  # bytes of one stream in one chunk, at most
+_STATEMENT = 1024 * 1024  # bytes of chunks per statement, at most
 _FINAL_WAIT = 10.0  # a run's last flush: how long its result waits for it (the database may be slow or away)
 
 
@@ -82,13 +84,19 @@ class RunOutput:
         return emit
 
     def take(self, final: bool) -> list[tuple[str, bytes]]:
-        """The chunks ready to send (all of them when ``final``), removed from ``pending``."""
+        """The chunks ready to send (all of them when ``final``), removed from ``pending``, each
+        at most about _CHUNK bytes (a reader gets a burst of megabytes as many events)."""
         out = []
         for stream, buf in self.pending.items():
             cut = len(buf) if final else utf8_cut(buf)
-            if cut:
-                out.append((stream, bytes(buf[:cut])))
-                del buf[:cut]
+            start = 0
+            while start < cut:
+                end = min(start + _CHUNK, cut)
+                if end < cut:  # not the last piece: end it on a character boundary too
+                    end = start + (utf8_cut(buf[start:end]) or end - start)
+                out.append((stream, bytes(buf[start:end])))
+                start = end
+            del buf[:cut]
         return out
 
 
@@ -143,18 +151,31 @@ class OutputWriter:
             if not chunks or self.worker_id is None:
                 return
             self._waiting = max(0, self._waiting - sum(len(d) for _, _, d in chunks))
-            params = {
-                "worker": self.worker_id,
-                "executions": [r.execution_id for r, _, _ in chunks],
-                "attempts": [r.attempt for r, _, _ in chunks],
-                "streams": [s for _, s, _ in chunks],
-                "chunks": [d for _, _, d in chunks],
-            }
-            try:
-                async with self._pool.connection() as conn:
-                    await conn.execute(Q["append_output"], params)
-            except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
-                # Live output is a view: its bytes are in the result too (up to the same cap).
-                # Not retried, so that memory stays bounded while the database is away.
-                log.warning("live output not stored", worker=self._worker, error=str(exc).strip(),
-                            executions=sorted({r.execution_id for r, _, _ in chunks}))  # fmt: skip
+            # A statement of at most about _STATEMENT bytes: a run that printed megabytes
+            # between two sends must not hold the loop (nor one transaction) for all of it.
+            batch: list[tuple[RunOutput, str, bytes]] = []
+            size = 0
+            for chunk in chunks:
+                if batch and size + len(chunk[2]) > _STATEMENT:
+                    await self._send(batch)
+                    batch, size = [], 0
+                batch.append(chunk)
+                size += len(chunk[2])
+            await self._send(batch)
+
+    async def _send(self, chunks: list[tuple[RunOutput, str, bytes]]) -> None:
+        params = {
+            "worker": self.worker_id,
+            "executions": [r.execution_id for r, _, _ in chunks],
+            "attempts": [r.attempt for r, _, _ in chunks],
+            "streams": [s for _, s, _ in chunks],
+            "chunks": [d for _, _, d in chunks],
+        }
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(Q["append_output"], params)
+        except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
+            # Live output is a view: its bytes are in the result too (up to the same cap).
+            # Not retried, so that memory stays bounded while the database is away.
+            log.warning("live output not stored", worker=self._worker, error=str(exc).strip(),
+                        executions=sorted({r.execution_id for r, _, _ in chunks}))  # fmt: skip

@@ -105,9 +105,12 @@ ORDER BY e.id;
 -- name: finish
 -- running -> completed|failed|timeout (or requested again, or cancelled), fenced by
 -- (execution, worker, attempt); the ids written. finish_executions (migration 0028) says
--- how, and why it is a function.
+-- how, and why it is a function. The results go in binary (%(results)b): a jsonb[] in text
+-- is an array literal psycopg escapes in Python and the server parses back, 0.7 s of the
+-- worker's loop for a 10 MiB output (0.1 s in binary), long enough with a second such run
+-- to miss a heartbeat.
 SELECT id FROM finish_executions(%(worker)s, %(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
-                                 %(outcomes)s::text[], %(delays)s::float8[], %(results)s::jsonb[],
+                                 %(outcomes)s::text[], %(delays)s::float8[], %(results)b::jsonb[],
                                  %(errors)s::text[]) AS id;
 
 -- name: detach_runs
@@ -124,5 +127,7 @@ RETURNING e.id;
 -- name: append_output
 -- Live output: chunks of running executions' output, fenced on (execution, worker,
 -- attempt) and a live status (append_output, migration 0029); the executions written.
+-- The chunks go in binary (%(chunks)b): as text, psycopg escapes the bytea[] literal in
+-- Python on the worker's loop (0.34 s for 10 MiB, against 0.04 s).
 SELECT execution FROM append_output(%(worker)s, %(executions)s::bigint[], %(attempts)s::int[],
-                                    %(streams)s::text[], %(chunks)s::bytea[]) AS execution;
+                                    %(streams)s::text[], %(chunks)b::bytea[]) AS execution;
