@@ -27,37 +27,22 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from acceptance.browser_kit import ARTIFACTS, CHROMIUM
+from acceptance.browser_kit import start_api as _start_api
+from acceptance.browser_kit import unavailable as _unavailable
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
 from conveyor.domain.tokens import Role, token_row
 from conveyor.store.queries import Q
 
 pytestmark = pytest.mark.acceptance
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"  # kept after the run (git-ignored)
 DASHBOARD_HEADER = {"X-Conveyor-Dashboard": "1"}
 Db = psycopg.Connection[dict[str, Any]]
-
-
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: a missing browser fails the run)")
-    pytest.skip(reason)
 
 
 @pytest.fixture
 def env(db_url: str) -> dict[str, str]:
     return conveyor_env(db_url)
-
-
-def _start_api(procs: Procs) -> str:
-    """Start ``conveyor api`` on a free port; its base URL, from its log."""
-    api = procs.start("api", name="api")
-    api.wait_for_log("API listening", timeout=30)
-    match = re.search(r"url=(http://[0-9.]+:\d+)", api.stderr() + api.stdout())
-    assert match, api.logs()
-    return match.group(1)
 
 
 def _sql_token(db: Db, role: Role) -> str:

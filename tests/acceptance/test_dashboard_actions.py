@@ -7,8 +7,6 @@ it was done. Screenshots go to ``$CONVEYOR_TEST_ARTIFACTS/actions`` (default
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
-from acceptance.test_dashboard import ARTIFACTS, CHROMIUM, _start_api, _unavailable
 from conveyor.store.queries import Q
 
 pytestmark = pytest.mark.acceptance
@@ -34,10 +32,7 @@ def env(db_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def artifacts() -> Path:
-    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "actions"
-    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
-    folder.mkdir(parents=True)
-    return folder
+    return screenshots("actions")
 
 
 def _status(db: Db, eid: int) -> str | None:
@@ -46,17 +41,13 @@ def _status(db: Db, eid: int) -> str | None:
 
 
 def test_in_chromium_cancel_rerun_replay_and_tokens(procs: Procs, db: Db, artifacts: Path) -> None:
-    if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import Error as PlaywrightError
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -e '.[dev]')")
+    require_browser()
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import expect, sync_playwright
 
     procs.start("executor", name="executor")
     procs.start("worker", "--name", "w1", name="w1")
-    base = _start_api(procs)
+    base = start_api(procs)
     created = procs.run("tokens", "create", "--role", "admin", "--name", "actions test")
     assert created.returncode == 0, describe(created)
     token = created.stdout.strip().splitlines()[-1]

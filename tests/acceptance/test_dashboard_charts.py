@@ -7,9 +7,7 @@ to ``$CONVEYOR_TEST_ARTIFACTS/charts`` (default ``test-artifacts/charts``)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,9 @@ import httpx
 import psycopg
 import pytest
 
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
 from acceptance.helpers import Procs, conveyor_env, eventually
-from acceptance.test_dashboard import ARTIFACTS, CHROMIUM, _sql_token, _start_api, _unavailable
+from acceptance.test_dashboard import _sql_token
 from conveyor.domain.tokens import Role
 
 pytestmark = pytest.mark.acceptance
@@ -50,7 +49,7 @@ def links(html: str) -> list[str]:
 
 
 def test_every_page_and_asset_comes_from_this_server(procs: Procs, db: Db) -> None:
-    base = _start_api(procs)
+    base = start_api(procs)
     token = _sql_token(db, Role.admin)
     with httpx.Client(base_url=base, cookies={"conveyor_token": token}, timeout=10) as site:
         home = site.get("/")
@@ -94,10 +93,7 @@ def test_every_page_and_asset_comes_from_this_server(procs: Procs, db: Db) -> No
 
 @pytest.fixture
 def artifacts() -> Path:
-    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "charts"
-    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
-    folder.mkdir(parents=True)
-    return folder
+    return screenshots("charts")
 
 
 _SUM = "(s) => [...document.querySelectorAll(s)].reduce((n, e) => n + Number(e.dataset.value), 0)"
@@ -109,16 +105,12 @@ def _sum(page: Any, selector: str) -> float:
 
 
 def test_in_chromium_charts_draw_what_ran_and_docs_work_offline(procs: Procs, db: Db, artifacts: Path) -> None:
-    if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import Route, expect, sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -e '.[dev]')")
+    require_browser()
+    from playwright.sync_api import Route, expect, sync_playwright
 
     procs.start("executor", name="executor")
     procs.start("worker", "--name", "w1", name="w1")
-    base = _start_api(procs)
+    base = start_api(procs)
     token = _sql_token(db, Role.admin)
     api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 

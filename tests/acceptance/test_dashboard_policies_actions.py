@@ -7,9 +7,7 @@ outcome. Screenshots go to ``$CONVEYOR_TEST_ARTIFACTS/policies-actions`` (defaul
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,8 @@ import httpx
 import psycopg
 import pytest
 
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
-from acceptance.test_dashboard import ARTIFACTS, CHROMIUM, _start_api, _unavailable
 
 pytestmark = pytest.mark.acceptance
 Db = psycopg.Connection[dict[str, Any]]
@@ -31,10 +29,7 @@ def env(db_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def artifacts() -> Path:
-    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "policies-actions"
-    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
-    folder.mkdir(parents=True)
-    return folder
+    return screenshots("policies-actions")
 
 
 def _status(db: Db, eid: int) -> str | None:
@@ -43,17 +38,13 @@ def _status(db: Db, eid: int) -> str | None:
 
 
 def test_in_chromium_policy_queue_and_action_page(procs: Procs, db: Db, artifacts: Path) -> None:
-    if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import Error as PlaywrightError
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -e '.[dev]')")
+    require_browser()
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import expect, sync_playwright
 
     procs.start("executor", name="executor")
     procs.start("worker", "--name", "w1", name="w1")
-    base = _start_api(procs)
+    base = start_api(procs)
     created = procs.run("tokens", "create", "--role", "admin", "--name", "policies test")
     assert created.returncode == 0, describe(created)
     token = created.stdout.strip().splitlines()[-1]

@@ -6,16 +6,14 @@ page says when the output has ended, and a 10 MiB output page stays usable. Scre
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
-from acceptance.test_dashboard import ARTIFACTS, CHROMIUM, _start_api, _unavailable
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance
@@ -29,19 +27,14 @@ def env(db_url: str) -> dict[str, str]:
 
 
 def test_in_chromium_the_execution_page_follows_its_output(procs: Procs, db: Db, tmp_path: Path) -> None:
-    if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -e '.[dev]')")
-    artifacts = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "live-output"
-    shutil.rmtree(artifacts, ignore_errors=True)
-    artifacts.mkdir(parents=True)
+    require_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    artifacts = screenshots("live-output")
 
     procs.start("executor", name="executor")
     procs.start("worker", name="worker")
-    base = _start_api(procs)
+    base = start_api(procs)
     created = procs.run("tokens", "create", "--role", "viewer", "--name", "live output test")
     assert created.returncode == 0, describe(created)
     token = created.stdout.strip().splitlines()[-1]

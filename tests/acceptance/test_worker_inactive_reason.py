@@ -7,16 +7,14 @@ Chromium, with a screenshot in ``$CONVEYOR_TEST_ARTIFACTS/workers`` (default
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import signal
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots
 from acceptance.helpers import Procs, conveyor_env, until
 from acceptance.recovery_kit import RECOVERY_SETTINGS, Conn, request, start_executor, start_worker, until_status
 from conveyor.domain.tokens import Role, token_row
@@ -24,9 +22,6 @@ from conveyor.store.queries import Q
 
 pytestmark = pytest.mark.acceptance
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # A killed process loses every session at once: the sweep finds no session of it left
 # (process_gone). On a loaded machine its pool's sessions may end a little after its
 # liveness one, and past lock_grace the sweep says lock_lost: the same death, by the lock.
@@ -106,15 +101,10 @@ def test_stopped_and_killed_workers_say_why_on_the_cli_and_the_page(
 
 
 def _in_chromium(base: str, token: str, busy: str, running: int) -> None:
-    if not CHROMIUM.exists():
-        if IN_CI:
-            pytest.fail(f"no Chromium at {CHROMIUM}")
-        pytest.skip(f"no Chromium at {CHROMIUM}")
+    require_browser()
     from playwright.sync_api import expect, sync_playwright
 
-    folder = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or ARTIFACTS) / "workers"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder = screenshots("workers")
     problems: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
