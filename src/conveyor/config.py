@@ -127,6 +127,11 @@ class WorkerSettings(_Section):
     output_interval: float = Field(
         0.25, gt=0, description="seconds between sends of running executions' output (live output)"
     )
+    isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description="where Python actions run unless the action says otherwise: thread (in the worker "
+        "process) or process (a child process killed on cancel, timeout or lost standing)",
+    )
     runtimes: list[str] = Field(default_factory=lambda: ["python", "shell"])
     imports: list[str] = Field(default_factory=list, description="modules whose actions this worker offers")
 

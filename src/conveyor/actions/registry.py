@@ -208,6 +208,7 @@ class ActionRegistry:
         on_worker_lost: Literal["retry", "abandon"] | None = None,
         worker_lost_max_attempts: int | None = None,
         policy: AdmissionPolicy | Mapping[str, Any] | None = None,
+        isolation: Literal["thread", "process"] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a Python callable as action ``ref``. ``parameters`` is a JSON Schema;
         without one it is derived from the signature. The policy arguments override the
@@ -215,8 +216,15 @@ class ActionRegistry:
         (schedule-to-start), ``retry`` (max_attempts, backoff_base, backoff_max, retry_on),
         ``on_worker_lost`` and ``worker_lost_max_attempts``. ``policy`` is its admission
         policy (an :class:`AdmissionPolicy` or a mapping with the same keys): a concurrency
-        limit an operator's ``conveyor policies set`` overrides."""
+        limit an operator's ``conveyor policies set`` overrides. ``isolation`` says where it
+        runs, overriding the worker's ``worker.isolation``: ``"thread"`` (in the worker
+        process: a thread for a sync function, the worker's loop for an async one) or
+        ``"process"`` (a child process the worker kills on cancel, timeout or lost standing,
+        and that stops itself when its worker is frozen; the function must then be
+        importable by its module and name)."""
         admission = AdmissionPolicy.of(policy) if policy is not None else None  # refused now, not at registration
+        if isolation not in (None, "thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process', not {isolation!r}")
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             metadata: dict[str, Any] = {
@@ -233,6 +241,11 @@ class ActionRegistry:
                     policy=admission,
                 )
             )
+            if isolation is not None:
+                if isolation == "process" and ("<locals>" in func.__qualname__ or func.__module__ == "__main__"):
+                    raise ValueError(f"action {ref!r}: isolation='process' needs a function importable by name "
+                                     "(defined at the top level of a module other than __main__)")  # fmt: skip
+                metadata["isolation"] = isolation
             self.add(
                 ActionDefinition(
                     ref=ref,

@@ -57,6 +57,7 @@ from conveyor.domain.errors import ConveyorError
 from conveyor.domain.status import InactiveReason, WorkerStatus
 from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
+from conveyor.worker.runners.isolated import Lease
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +80,11 @@ class Liveness:
         registration: dict[str, Any],
         on_lost: Callable[[str], Awaitable[None]],
         on_rejoined: Callable[[], Awaitable[None]],
+        lease: Lease | None = None,
     ) -> None:
+        # The isolated actions' lease (runners/isolated.py): renewed with last_ok, so that
+        # a child stops itself when the worker would, even if the worker cannot tell it.
+        self._lease = lease
         self._url = url
         self._schema = schema
         self._cfg = cfg
@@ -104,6 +109,17 @@ class Liveness:
         self._ended_by_server = False
         # Set while the worker may claim work: registered, lock held, not fenced, not draining.
         self.accepting = asyncio.Event()
+
+    @property
+    def last_ok(self) -> float:
+        """When (time.monotonic()) the worker last knew it stood: its last heartbeat."""
+        return self._last_ok
+
+    @last_ok.setter
+    def last_ok(self, value: float) -> None:
+        self._last_ok = value
+        if self._lease is not None:
+            self._lease.renew(value)
 
     @property
     def name(self) -> str:
@@ -273,6 +289,8 @@ class Liveness:
         if self.fenced:
             return
         self.fenced = True
+        if self._lease is not None:
+            self._lease.expire()  # its isolated actions stop at once: they are recovered elsewhere
         log.error("worker lost its standing; stopping its executions", worker=self.name, reason=reason)
         await self._on_lost(reason)
 

@@ -52,6 +52,7 @@ from conveyor.worker.naming import default_worker_name
 from conveyor.worker.output import OutputWriter
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
+from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated
 from conveyor.worker.runs import Run, Runs, RunState
 
 log = structlog.get_logger(__name__)
@@ -95,6 +96,9 @@ class WorkerService:
         self._stop: asyncio.Event | None = None
         self._next_cancel_check = 0.0
         self._bell = Doorbell()
+        self._lease = Lease(self.cfg.self_fence_after)
+        # The fork server imports the modules of the actions that may run isolated, once.
+        preload(name.partition(":")[0] for a in actions if a.runner_type == "python" and (name := entry_point(a)))
         self._liveness = Liveness(
             url,
             settings.database.schema_name,
@@ -113,6 +117,7 @@ class WorkerService:
             },
             on_lost=self._stop_everything,
             on_rejoined=self._detach_stopped,
+            lease=self._lease,
         )
         self._on_worker_lost = settings.recovery.on_worker_lost
 
@@ -345,6 +350,9 @@ class WorkerService:
         if definition is None:
             error = f"action {row.action_ref} has no code on worker {self.name}"
             return ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
+        if (metadata.get("isolation") or self.cfg.isolation) == "process":
+            return await run_isolated(definition, row.parameters, timeout=timeout, kill_grace=self.cfg.kill_grace,
+                                      lease=self._lease, output_limit=self.cfg.output_limit)  # fmt: skip
         return await run_python(definition, row.parameters, timeout=timeout, executor=self._threads,
                                 output_limit=self.cfg.output_limit)  # fmt: skip
 
