@@ -52,7 +52,7 @@ from conveyor.worker.naming import default_worker_name
 from conveyor.worker.output import OutputWriter
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
-from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated
+from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated, warm_up
 from conveyor.worker.runs import Run, Runs, RunState
 
 log = structlog.get_logger(__name__)
@@ -135,6 +135,9 @@ class WorkerService:
         async with self._pool.connection() as conn, conn.transaction():
             for definition in self._actions.values():
                 await conn.execute(Q["upsert_action"], action_row(definition))
+        if self.cfg.isolation == "process" or any(a.metadata.get("isolation") == "process"
+                                                  for a in self._actions.values()):  # fmt: skip
+            await asyncio.to_thread(warm_up)
         worker_id = await self._liveness.start()
         self._results.worker_id = self._output.worker_id = worker_id
         self._transport.subscribe(Topic.WORKER, worker_id, bell=self._bell)

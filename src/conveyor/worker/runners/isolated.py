@@ -66,6 +66,14 @@ def preload(modules: Iterable[str]) -> None:
     _ctx.set_forkserver_preload([*_PRELOAD, *sorted(set(modules) - set(_PRELOAD))])
 
 
+def warm_up() -> None:
+    """Start the fork server now (blocking, a few hundred milliseconds: run it in a thread),
+    not at the first isolated run."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def entry_point(definition: ActionDefinition) -> str | None:
     """``module:qualname`` of the action's function when a child can import it by that name."""
     name = definition.metadata.get("entry_point")
