@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -59,3 +60,11 @@ def nothing() -> None:
 @registry.action("iso.nothing_thread")
 def nothing_thread() -> None:
     return None
+
+
+@registry.action("iso.spawner", isolation="process")
+def spawner(pid_file: str) -> None:
+    """Starts a command of its own and waits for it."""
+    proc = subprocess.Popen(["sleep", "60"])
+    Path(pid_file).write_text(str(proc.pid))
+    proc.wait()

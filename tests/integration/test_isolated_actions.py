@@ -114,6 +114,13 @@ async def test_timeout_kills_the_child(lease: Lease, tmp_path: Path) -> None:
     assert _gone(int(pid_file.read_text()))
 
 
+async def test_timeout_kills_what_the_action_started(lease: Lease, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    result = await _run("iso.spawner", {"pid_file": str(pid_file)}, lease, limit=1.0, kill_grace=0.5)
+    assert result.timed_out, result
+    await _until(lambda: _gone(int(pid_file.read_text())))
+
+
 async def test_child_stops_itself_when_its_lease_expires(tmp_path: Path) -> None:
     """Nobody renews the lease (the worker is frozen or hung): the child exits on its own."""
     started = time.monotonic()

@@ -66,6 +66,8 @@ def main(conn: Connection, entry_point: str, parameters: dict[str, Any], context
     # The worker shuts down gracefully on SIGINT; a terminal's ^C reaches its whole process
     # group, and must not kill the actions it is letting finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Its own process group, so that the worker's kill reaches what the action starts too.
+    os.setpgid(0, 0)
     signal.signal(signal.SIGCONT, lease.check)  # thawed: runs before this thread's next bytecode
     # Its parent is the fork server, which exits when the worker does: then this goes too.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

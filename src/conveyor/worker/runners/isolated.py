@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -132,9 +134,19 @@ class _Child:
             self.exited.set_result(code)
 
     def signal(self, kill: bool) -> None:
-        if self.process is not None and not self.exited.done():
-            with contextlib.suppress(OSError, ValueError):
-                self.process.kill() if kill else self.process.terminate()
+        """The child's process group (it leads one: what the action started goes too), or
+        the child alone if it has not made its group yet."""
+        pid = self.process.pid if self.process is not None else None
+        if pid is None or self.exited.done():
+            return
+        sig = signal.SIGKILL if kill else signal.SIGTERM
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        except PermissionError:  # a group of zombies, on some systems
+            pass
 
     async def stop(self, grace: float) -> None:
         """SIGTERM, ``grace`` seconds, then SIGKILL (in ``finally``: a second cancellation
