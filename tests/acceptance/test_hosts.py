@@ -277,3 +277,32 @@ def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
     assert _one(db_url, "SELECT status FROM worker WHERE name = 'w-a'")["status"] == "active"
     for p in procs.started:
         assert "Traceback" not in p.stderr(), p.logs()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_an_isolated_child_ends_with_its_worker(sig: signal.Signals, procs: Procs, db_url: str, tmp_path: Path) -> None:
+    """SIGKILL: the fork server sees the worker gone and exits, and the kernel kills the child
+    (PR_SET_PDEATHSIG). SIGTERM: the graceful shutdown stops the run after shutdown_timeout
+    and kills its child; the execution is handed back (attempt ``interrupted``)."""
+    (tmp_path / "hostsactions.py").write_text(ACTIONS)
+    pythonpath = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    # A 5 s heartbeat: the child's lease lasts 10 s, so only the worker's end can stop it sooner.
+    env = conveyor_env(db_url, PYTHONPATH=pythonpath, CONVEYOR__WORKER__SHUTDOWN_TIMEOUT="0.5",
+                       CONVEYOR__WORKER__HEARTBEAT_INTERVAL="5")  # fmt: skip
+    procs.start("executor", name="executor", env=env).wait_for_log("executor started")
+    worker = procs.start("worker", "--name", "w-iso", "--import", "hostsactions", name="w-iso", env=env)
+    worker.wait_for_log("worker registered")
+    with _connect(db_url) as conn:
+        eid = request_execution(conn, "hosts.marks_process", {"folder": str(tmp_path), "count": 100000}, schema=SCHEMA)
+    path = tmp_path / f"{eid}-1"
+    eventually(lambda: path.exists() and len(_marks(path)[1]) >= 10, timeout=20, interval=0.05, message=procs.logs)
+    child = _marks(path)[0]
+    assert child != worker.pid
+    os.kill(worker.pid, sig)
+    signalled = time.time()
+    eventually(lambda: _gone(child), timeout=4, interval=0.01, message=procs.logs)
+    print(f"{sig.name}: the worker's child gone {(time.time() - signalled) * 1000:.0f} ms after the signal")
+    if sig == signal.SIGTERM:
+        worker.popen.wait(10)
+        attempt = _one(db_url, "SELECT outcome FROM execution_attempt WHERE execution = %s AND attempt = 1", (eid,))
+        assert attempt["outcome"] == "interrupted", attempt
