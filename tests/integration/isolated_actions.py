@@ -68,3 +68,14 @@ def spawner(pid_file: str) -> None:
     proc = subprocess.Popen(["sleep", "60"])
     Path(pid_file).write_text(str(proc.pid))
     proc.wait()
+
+
+@registry.action("iso.fork_and_die", isolation="process")
+def fork_and_die(pid_file: str) -> None:
+    """Forks a process that holds the pipe to the worker open, then dies without a result."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    Path(pid_file).write_text(str(pid))
+    os._exit(3)

@@ -121,6 +121,17 @@ async def test_timeout_kills_what_the_action_started(lease: Lease, tmp_path: Pat
     await _until(lambda: _gone(int(pid_file.read_text())))
 
 
+async def test_a_child_that_dies_is_told_apart_from_what_it_forked(lease: Lease, tmp_path: Path) -> None:
+    """The child exits without a result while a process it forked holds the pipe: the run ends
+    at once with the exit code, and the forked process is killed with the child's group."""
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    result = await _run("iso.fork_and_die", {"pid_file": str(pid_file)}, lease)
+    assert result.error == "the action's process exited with code 3 before returning", result
+    assert time.monotonic() - started < 5
+    await _until(lambda: _gone(int(pid_file.read_text())))
+
+
 async def test_child_stops_itself_when_its_lease_expires(tmp_path: Path) -> None:
     """Nobody renews the lease (the worker is frozen or hung): the child exits on its own."""
     started = time.monotonic()

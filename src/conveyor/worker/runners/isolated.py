@@ -93,6 +93,7 @@ class _Child:
         self.on_log = on_log
         self.outcome: asyncio.Future[tuple[Any, ...]] = loop.create_future()
         self.exited: asyncio.Future[int | None] = loop.create_future()
+        self.drained: asyncio.Future[None] = loop.create_future()  # the pipe's end: every message read
         self.process: multiprocessing.process.BaseProcess | None = None
 
     def start(self, target_args: tuple[Any, ...]) -> None:
@@ -104,6 +105,9 @@ class _Child:
         writer.close()  # the child holds the only write end: its death is our EOF
         self.process = process
         threading.Thread(target=self._read, args=(reader,), name="conveyor-action-pipe", daemon=True).start()
+        # Its exit is watched apart from the pipe: a process the action forked may hold the
+        # pipe open after the child is gone.
+        threading.Thread(target=self._wait, name="conveyor-action-wait", daemon=True).start()
 
     def _read(self, reader: Any) -> None:
         try:
@@ -114,9 +118,12 @@ class _Child:
             pass
         finally:
             reader.close()
-            assert self.process is not None
-            self.process.join()
-            self._post(self._exit, self.process.exitcode)
+            self._post(self._drained, None)
+
+    def _wait(self) -> None:
+        assert self.process is not None
+        self.process.join()
+        self._post(self._exit, self.process.exitcode)
 
     def _post(self, fn: Callable[[Any], None], arg: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
@@ -128,6 +135,10 @@ class _Child:
                 self.on_log(message[1], message[2])
         elif not self.outcome.done():
             self.outcome.set_result(message)
+
+    def _drained(self, _: None) -> None:
+        if not self.drained.done():
+            self.drained.set_result(None)
 
     def _exit(self, code: int | None) -> None:
         if not self.exited.done():
@@ -148,6 +159,13 @@ class _Child:
         except PermissionError:  # a group of zombies, on some systems
             pass
 
+    def sweep(self) -> None:
+        """SIGKILL what is left of the child's process group once the child is gone (its id
+        cannot name another group while any process of this one lives)."""
+        if self.process is not None and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
     async def stop(self, grace: float) -> None:
         """SIGTERM, ``grace`` seconds, then SIGKILL (in ``finally``: a second cancellation
         during the grace cannot leave it running)."""
@@ -160,6 +178,30 @@ class _Child:
             if not self.exited.done():
                 self.signal(kill=True)
                 await asyncio.wait({self.exited}, timeout=_AFTER_KILL)
+
+
+async def _supervise(proc: _Child, timeout: float, kill_grace: float) -> bool:  # noqa: ASYNC109
+    """Wait for the child's result or end; False when it timed out (and was stopped)."""
+    try:
+        either: set[asyncio.Future[Any]] = {proc.outcome, proc.exited}
+        done, _ = await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            await proc.stop(kill_grace)
+            return False
+        if not proc.outcome.done():
+            # Exited first: a result sent just before may still be in the pipe (or the thread
+            # reading it); the pipe's end says all was read (bounded: a process the action
+            # forked may hold it open).
+            pending: set[asyncio.Future[Any]] = {proc.outcome, proc.drained}
+            await asyncio.wait(pending, timeout=_AFTER_KILL, return_when=asyncio.FIRST_COMPLETED)
+            return True
+        # It returned and is exiting: a moment to do so, then nothing of it may stay behind.
+        await asyncio.wait({proc.exited}, timeout=_AFTER_KILL)
+        await proc.stop(0)
+        return True
+    except asyncio.CancelledError:
+        await proc.stop(kill_grace)
+        raise
 
 
 def _exit_error(code: int | None) -> str:
@@ -200,24 +242,14 @@ async def run_isolated(
     except Exception as e:  # e.g. parameters that cannot be pickled, no fork server
         return failed(f"cannot start the action's process: {type(e).__name__}: {e}")
     try:
-        either: set[asyncio.Future[Any]] = {proc.outcome, proc.exited}
-        done, _ = await asyncio.wait(either, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        if not done:
-            await proc.stop(kill_grace)
-            return ActionResult(succeeded=False, exit_code=None, duration=time.monotonic() - started,
-                                error=f"timed out after {timeout:g}s", timed_out=True)  # fmt: skip
-        if not proc.outcome.done():
-            # Exited first: a result sent just before is still on its way from the pipe's thread.
-            await asyncio.wait({proc.outcome}, timeout=0.5)
-    except asyncio.CancelledError:
-        await proc.stop(kill_grace)
-        raise
+        finished = await _supervise(proc, timeout, kill_grace)
+    finally:
+        proc.sweep()  # whatever the action started and left behind in its group
+    if not finished:
+        return ActionResult(succeeded=False, exit_code=None, duration=time.monotonic() - started,
+                            error=f"timed out after {timeout:g}s", timed_out=True)  # fmt: skip
     if not proc.outcome.done():
         return failed(_exit_error(proc.exited.result()))
-    # It returned and is exiting: a moment to do so, then nothing of it may stay behind.
-    await asyncio.wait({proc.exited}, timeout=_AFTER_KILL)
-    await proc.stop(0)
     message = proc.outcome.result()
     if message[0] == "error":
         return failed(message[1], message[2], exit_code=1)
