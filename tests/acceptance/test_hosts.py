@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -76,12 +78,19 @@ def whoami() -> int:
 
 
 class Host:
-    """A network namespace reaching the database through a forwarder on its veth link."""
+    """A network namespace reaching the database (and the broker, when given) through
+    forwarders on its veth link; ``env`` points its processes at them."""
 
-    def __init__(self, db_url: str, pg_port: int) -> None:
+    def __init__(self, db_url: str, pg_port: int, amqp: tuple[str, int] | None) -> None:
         self.ns = VethNamespace().create()
-        self.forwarder = Forwarder(self.ns.host_addr, ("127.0.0.1", pg_port), liveness_keepalive(HEARTBEAT)).start()
-        self.url = psycopg.conninfo.make_conninfo(db_url, host=self.forwarder.host, port=str(self.forwarder.port))
+        self.forwarders = [Forwarder(self.ns.host_addr, ("127.0.0.1", pg_port), liveness_keepalive(HEARTBEAT))]
+        pg = self.forwarders[0].start()
+        self.env = {"DATABASE_URL": psycopg.conninfo.make_conninfo(db_url, host=pg.host, port=str(pg.port))}
+        if amqp is not None:
+            url, port = amqp
+            broker = Forwarder(self.ns.host_addr, ("127.0.0.1", port)).start()
+            self.forwarders.append(broker)
+            self.env["CONVEYOR__MESSAGE_QUEUE__URL"] = url.replace(f"127.0.0.1:{port}", f"{broker.host}:{broker.port}")
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.ns.ns], capture_output=True, text=True, check=False)
@@ -96,22 +105,28 @@ class Host:
 
     def close(self) -> None:
         self.signal_all(signal.SIGKILL)  # only what this test started lives in its namespace
-        self.forwarder.close()
+        for forwarder in self.forwarders:
+            forwarder.close()
         self.ns.close()
 
 
 @pytest.fixture
-def hosts(db_url: str) -> Iterator[list[Host]]:
+def hosts(db_url: str, transport_env: dict[str, str]) -> Iterator[list[Host]]:
     problem = netns_problem()
     if problem:
         if IN_CI:
             pytest.fail(f"{problem} (CI=true: the many-hosts tests must run)")
         pytest.skip(problem)
     port = psycopg.conninfo.conninfo_to_dict(db_url).get("port") or 5432
+    amqp = None
+    if "CONVEYOR__MESSAGE_QUEUE__URL" in transport_env:
+        url = transport_env["CONVEYOR__MESSAGE_QUEUE__URL"]
+        amqp = (url, urlsplit(url).port or 5672)
+        assert f"127.0.0.1:{amqp[1]}" in url, f"the broker must be on loopback for the forwarder: {url}"
     made: list[Host] = []
     try:
         for _ in range(3):
-            made.append(Host(db_url, int(port)))
+            made.append(Host(db_url, int(port), amqp))
         yield made
     finally:
         for host in made:
@@ -142,19 +157,20 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-@pytest.mark.parametrize("fault", ["cut", "freeze"])
+@pytest.mark.parametrize(("fault", "transport_kind"), [("cut", "postgres"), ("freeze", "postgres"),
+                                                       ("freeze", "rabbitmq")])  # fmt: skip
 def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
-    fault: str, hosts: list[Host], procs: Procs, db_url: str, tmp_path: Path
+    fault: str, transport_env: dict[str, str], hosts: list[Host], procs: Procs, db_url: str, tmp_path: Path
 ) -> None:
     a, b, c = hosts
     (tmp_path / "hostsactions.py").write_text(ACTIONS)
     marks = tmp_path / "marks"
     marks.mkdir()
     pythonpath = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    env = conveyor_env(db_url, PYTHONPATH=pythonpath, **FAULT_SETTINGS)
+    env = conveyor_env(db_url, PYTHONPATH=pythonpath, **FAULT_SETTINGS, **transport_env)
 
     def start(host: Host, name: str, *args: str) -> Proc:
-        proc = Proc(list(args), {**env, "DATABASE_URL": host.url}, tmp_path / "logs", name, prefix=host.ns.command())
+        proc = Proc(list(args), {**env, **host.env}, tmp_path / "logs", name, prefix=host.ns.command())
         procs.started.append(proc)
         return proc
 
@@ -162,7 +178,7 @@ def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
     w_a = start(a, "w-a", "worker", "--name", "w-a", "--import", "hostsactions")
     # Host B runs every action isolated unless the action says otherwise (worker.isolation).
     env_b = {**env, "CONVEYOR__WORKER__ISOLATION": "process"}
-    w_b = Proc(["worker", "--name", "w-b", "--import", "hostsactions"], {**env_b, "DATABASE_URL": b.url},
+    w_b = Proc(["worker", "--name", "w-b", "--import", "hostsactions"], {**env_b, **b.env},
                tmp_path / "logs", "w-b", prefix=b.ns.command())  # fmt: skip
     procs.started.append(w_b)
     for proc, text in ((executor, "executor started"), (w_a, "worker registered"), (w_b, "worker registered")):
@@ -219,7 +235,10 @@ def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
     eventually(lambda: len(_marks(files["thread"][0])[1]) == MARKS, timeout=15, interval=0.1, message=procs.logs)
     w_a.wait_for_log("worker rejoined", timeout=30)
 
-    report = [f"{fault}: host A {'cut off' if fault == 'cut' else 'frozen'} {held:.2f}s (threshold {STALENESS:g}s)"]
+    if "CONVEYOR__MESSAGE_QUEUE__URL" in transport_env:  # every host reached the broker over its own link
+        assert all(host.forwarders[-1].accepted > 0 for host in hosts), "a host did not use its AMQP forwarder"
+    what = "cut off" if fault == "cut" else "frozen"
+    report = [f"{fault} ({transport_env['CONVEYOR__TRANSPORT']}): host A {what} {held:.2f}s (threshold {STALENESS:g}s)"]
     for mode, eid in ids.items():
         attempts = _rows(db_url, "SELECT attempt, worker_name, outcome, started, ended FROM execution_attempt "
                                  "WHERE execution = %s ORDER BY attempt", (eid,))  # fmt: skip
@@ -243,6 +262,10 @@ def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
                       f"({after_back} marks after the {'reconnection' if fault == 'cut' else 'thaw'}); "
                       f"re-run's first mark {startup * 1000:.0f} ms after its claim")  # fmt: skip
         if mode == "process":
+            # A's copy was stopped by A (released to recovery), never ended as the action failing.
+            mine = re.compile(rf"execution finished .*\bexecution_id={eid}\b")
+            finished_on_a = [line for line in w_a.stderr().splitlines() if mine.search(line)]
+            assert finished_on_a == [], finished_on_a
             assert overlap == 0.0, f"the isolated copy ran {overlap:.3f}s beside its re-run"
             assert first[-1] < again[0]
             if fault == "freeze":

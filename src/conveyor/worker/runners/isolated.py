@@ -249,7 +249,13 @@ async def run_isolated(
         return ActionResult(succeeded=False, exit_code=None, duration=time.monotonic() - started,
                             error=f"timed out after {timeout:g}s", timed_out=True)  # fmt: skip
     if not proc.outcome.done():
-        return failed(_exit_error(proc.exited.result()))
+        code = proc.exited.result()
+        if code == child.LEASE_EXPIRED:
+            # Not the action failing: the worker is losing its standing (its watchdog fences at
+            # the same deadline, checked less often) and is about to stop this run, which is then
+            # released to recovery. A "failed" result must not race that and land first.
+            await asyncio.sleep(_AFTER_KILL)
+        return failed(_exit_error(code))
     message = proc.outcome.result()
     if message[0] == "error":
         return failed(message[1], message[2], exit_code=1)
