@@ -254,7 +254,7 @@ async def run_isolated(
             # Not the action failing: the worker is losing its standing (its watchdog fences at
             # the same deadline, checked less often) and is about to stop this run, which is then
             # released to recovery. A "failed" result must not race that and land first.
-            await asyncio.sleep(_AFTER_KILL)
+            await asyncio.sleep(max(_AFTER_KILL, lease.span))
         return failed(_exit_error(code))
     message = proc.outcome.result()
     if message[0] == "error":
