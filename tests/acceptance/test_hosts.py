@@ -199,12 +199,14 @@ def test_a_lost_host_is_replaced_and_its_isolated_actions_never_overlap(
     with Client(db_url, SCHEMA) as client:
         client.cordon("w-b", cordoned=False)
 
-    fault_at = _one(db_url, "SELECT clock_timestamp() AS t")["t"]
     if fault == "cut":
         a.ns.cut()
     else:
         frozen = a.signal_all(signal.SIGSTOP)
         assert len(frozen) >= 3, f"worker, fork server and child expected in host A: {frozen}"
+    # Read once the fault is complete: a statement A sent just before it may still commit
+    # (its rows carry its transaction's start, before this).
+    fault_at = _one(db_url, "SELECT clock_timestamp() AS t")["t"]
     fault_wall = time.time()
 
     def rerun_marking() -> bool:
