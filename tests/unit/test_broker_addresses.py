@@ -3,6 +3,7 @@ a process tries them in, and the worker queues' dead-lettering arguments."""
 
 from __future__ import annotations
 
+import aio_pika
 import pytest
 
 from conveyor.config import Settings, load_settings
@@ -65,11 +66,41 @@ def test_rotation_starts_anywhere_and_visits_every_node_once() -> None:
         assert sorted(rotated(nodes, start)) == nodes
 
 
-def test_after_a_loss_the_next_node_is_tried_first() -> None:
-    """What _broker_loop does: connected to node i, the next connection starts at i + 1."""
-    nodes = ["a", "b", "c"]
-    assert rotated(nodes, nodes.index("c") + 1)[0] == "a"
-    assert rotated(nodes, nodes.index("a") + 1)[0] == "b"
+async def test_connecting_tries_the_nodes_from_the_next_one_and_skips_those_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR__MESSAGE_QUEUE__URL", f"{A},{B},{C}")
+    transport = _transport(load_settings().settings)
+    down: set[str] = set()
+    tried: list[str] = []
+
+    async def connect(url: str, **_: object) -> str:
+        tried.append(url)
+        if url in down:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return f"connection to {url}"
+
+    monkeypatch.setattr(aio_pika, "connect", connect)
+    transport._next = 1  # where the last session's node (A) left it
+    assert await transport._connect() == (f"connection to {B}", 1)
+    down.add(B)  # B dies: after it, C is tried first, then A
+    tried.clear()
+    transport._next = 2
+    assert await transport._connect() == (f"connection to {C}", 2)
+    assert tried == [C]
+    down.update({C})
+    tried.clear()
+    assert await transport._connect() == (f"connection to {A}", 0)
+    assert tried == [C, A]
+    down.add(A)  # none answers: the last error, for the caller's backoff
+    with pytest.raises(ConnectionRefusedError):
+        await transport._connect()
+
+
+def test_processes_start_at_random_nodes() -> None:
+    settings = Settings.model_validate({"message_queue": {"url": f"{A},{B},{C}"}})
+    starts = {_transport(settings)._next for _ in range(200)}
+    assert starts == {0, 1, 2}
 
 
 def test_node_names_in_logs_carry_no_credentials() -> None:

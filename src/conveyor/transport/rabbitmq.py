@@ -26,7 +26,9 @@ expired dispatch is not lost between its queue and the dead-letter queue when a 
 A cluster is given as several URLs (``message_queue.url``, comma-separated): each process
 starts at a random node and, at every reconnection, tries the next one first, so the
 processes of a fleet spread over the nodes and one whose node died moves to another.
-Quorum queues are replicated on the cluster's nodes by RabbitMQ itself.
+Quorum queues are replicated on the cluster's nodes by RabbitMQ itself. (aio-pika's
+``connect_robust`` would reconnect to its one URL only, and restore consumers without
+the declarations and the catch-up read a new session does here: hence this loop.)
 
 Requests made in SQL (``request_execution()``) and the SDK's waits keep using NOTIFY,
 which needs no broker: executors also listen for ``<schema>.requested``, and completions
