@@ -23,7 +23,15 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from conveyor.config_keys import ENV_PREFIX, KeyChecker, canonicalize, check_unknown, env_path, mask_secrets
+from conveyor.config_keys import (
+    ENV_PREFIX,
+    KeyChecker,
+    canonicalize,
+    check_unknown,
+    env_path,
+    mask_secrets,
+    split_urls,
+)
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT
@@ -225,6 +233,12 @@ class RabbitMQSettings(_Section):
         "(a frozen worker) after about two of them, and its unacknowledged messages go back to their queue",
     )
     relay_batch: int = Field(500, ge=1, le=10_000, description="outbox rows published per relay transaction")
+    dead_letter_strategy: Literal["at-least-once", "at-most-once"] = Field(
+        "at-least-once",
+        description="how worker queues dead-letter (x-dead-letter-strategy, RabbitMQ >= 3.10): at-least-once keeps "
+        "an expired dispatch in its queue until the dead-letter queue confirmed it; at-most-once may lose it in a "
+        "broker failure (the executors' schedule-to-start timeout then finds the execution)",
+    )
 
     @model_validator(mode="after")
     def _expiry_outlasts_ttl(self) -> RabbitMQSettings:
@@ -235,12 +249,32 @@ class RabbitMQSettings(_Section):
 
 
 class MessageQueueSettings(_Section):
-    url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (transport: rabbitmq)")
+    url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ URL (transport: rabbitmq); the nodes of a cluster as a comma-separated list of URLs, "
+        "tried in a rotated order at every (re)connection",
+    )
     prefix: str = Field("conveyor", pattern=r"^[A-Za-z0-9_-]+$", description="prefix of every exchange and queue name")
     reconcile_after: float = Field(
         30, gt=0, description="seconds an execution may sit requested/scheduled before its message is published again"
     )
     rabbitmq: RabbitMQSettings = Field(default_factory=RabbitMQSettings)  # type: ignore[arg-type]
+
+    @field_validator("url")
+    @classmethod
+    def _amqp_urls(cls, value: str) -> str:
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("at least one AMQP URL is needed")
+        for url in urls:
+            if not url.lower().startswith(("amqp://", "amqps://")):
+                raise ValueError(f"{mask_secrets(url)!r} is not an AMQP URL (amqp://user:password@host:5672/vhost)")
+        return value
+
+    @property
+    def urls(self) -> list[str]:
+        """The broker addresses: one, or the nodes of a cluster."""
+        return split_urls(self.url)
 
 
 class DeadLetterSettings(_Section):
