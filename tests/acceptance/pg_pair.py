@@ -12,14 +12,18 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
+from conveyor.app import prepare_database
 from support.polling import eventually
 
 BIN = Path(os.environ.get("CONVEYOR_TEST_PG15_BIN", "/usr/lib/postgresql/15/bin"))
@@ -178,3 +182,50 @@ class PgPair:
                 with contextlib.suppress(subprocess.SubprocessError, OSError):
                     node.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def migrated_pair(synchronous: bool, dbname: str, schema: str) -> Iterator[PgPair]:
+    """A pair with ``dbname`` migrated on the primary (and so on the standby); destroyed
+    afterwards. Skipped where it cannot be made, unless in CI."""
+    problem = missing_tools()
+    if problem:
+        if IN_CI:
+            pytest.fail(f"{problem} (CI=true: a missing tool fails the run)")
+        pytest.skip(problem)
+    servers = PgPair(synchronous)
+    try:
+        servers.create()
+        with psycopg.connect(servers.primary.url("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {dbname}")
+        prepare_database(servers.primary.url(dbname), schema)
+        yield servers
+    finally:
+        servers.destroy()
+
+
+@contextlib.contextmanager
+def replication_cut(pair: PgPair) -> Iterator[None]:
+    """The standby's WAL receiver frozen (SIGSTOP): what the primary commits meanwhile
+    does not reach the standby's disk -- an asynchronous standby's lag, made certain. On
+    leaving, it is killed (SIGKILL), not resumed: resumed, it would read what the primary
+    sent into its socket meanwhile. The standby restarts (crash recovery, as a standby)
+    without it; this waits until it accepts connections again."""
+    with psycopg.connect(pair.standby.url("postgres"), autocommit=True) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()
+    assert row is not None, pair.logs()
+    os.kill(row[0], signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(row[0], signal.SIGKILL)
+
+    def back() -> bool:
+        with psycopg.connect(pair.standby.url("postgres"), autocommit=True, connect_timeout=2) as conn:
+            return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone())
+
+    eventually(back, timeout=30, interval=0.1, message=pair.logs)

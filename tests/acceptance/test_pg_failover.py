@@ -30,13 +30,11 @@ import pytest
 from psycopg.rows import dict_row
 
 from acceptance.helpers import Procs, conveyor_env, eventually
-from acceptance.pg_pair import PgPair, missing_tools
-from conveyor.app import prepare_database
+from acceptance.pg_pair import PgPair, migrated_pair
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SCHEMA = "conveyor"
 DBNAME = "conveyor"
 TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
@@ -74,20 +72,8 @@ def step(seconds: float) -> float:
 
 @pytest.fixture
 def pair() -> Iterator[PgPair]:
-    problem = missing_tools()
-    if problem:
-        if IN_CI:
-            pytest.fail(f"{problem} (CI=true: a missing tool fails the run)")
-        pytest.skip(problem)
-    servers = PgPair(synchronous=True)
-    try:
-        servers.create()
-        with psycopg.connect(servers.primary.url("postgres"), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {DBNAME}")
-        prepare_database(servers.primary.url(DBNAME), SCHEMA)
+    with migrated_pair(synchronous=True, dbname=DBNAME, schema=SCHEMA) as servers:
         yield servers
-    finally:
-        servers.destroy()
 
 
 @pytest.fixture
