@@ -9,6 +9,7 @@ owns. Ports come from this suite's private range (5510-5519), the first free pai
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -52,6 +53,18 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def _ports_lock() -> Iterator[None]:
+    """Held from choosing a pair's ports until both servers listen on them: two tests
+    (pytest-xdist) must not choose the same free ports."""
+    with open("/tmp/conveyor-pg-pair-ports.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -103,9 +116,8 @@ class PgPair:
             os.chown(self.base, entry.pw_uid, entry.pw_gid)
             self.user = "postgres"
         self.base.chmod(0o700 if self.user is None else 0o755)
-        primary_port, standby_port = _free_ports(2)
-        self.primary = Node(self, "primary", primary_port)
-        self.standby = Node(self, "standby", standby_port)
+        self.primary = Node(self, "primary", 0)  # ports chosen by create()
+        self.standby = Node(self, "standby", 0)
 
     def run(self, tool: str, *args: str) -> None:
         # Output to a file, not a pipe: the postmaster inherits pg_ctl's descriptors.
@@ -136,19 +148,21 @@ class PgPair:
             "fsync": "off",
             "full_page_writes": "off",
         }
-        self._conf(p, {**common, "port": p.port})
-        p.start()
-        self.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres", "-D", str(s.data),
-                 "-X", "stream", "--checkpoint=fast")  # fmt: skip
-        # The standby's configuration is the primary's copy. Promoted with no standby of its
-        # own, it must not wait for one: every commit would hang (what a failover manager,
-        # e.g. Patroni, reconfigures at promotion).
-        self._conf(s, {"port": s.port, "synchronous_standby_names": "", "primary_conninfo":
-                       f"host=127.0.0.1 port={p.port} user=postgres application_name={STANDBY_NAME}"})  # fmt: skip
-        (s.data / "standby.signal").touch()
-        if self.user is not None:
-            shutil.chown(s.data / "standby.signal", self.user, self.user)
-        s.start()
+        with _ports_lock():
+            p.port, s.port = _free_ports(2)
+            self._conf(p, {**common, "port": p.port})
+            p.start()
+            self.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres", "-D", str(s.data),
+                     "-X", "stream", "--checkpoint=fast")  # fmt: skip
+            # The standby's configuration is the primary's copy. Promoted with no standby of
+            # its own, it must not wait for one: every commit would hang (what a failover
+            # manager, e.g. Patroni, reconfigures at promotion).
+            self._conf(s, {"port": s.port, "synchronous_standby_names": "", "primary_conninfo":
+                           f"host=127.0.0.1 port={p.port} user=postgres application_name={STANDBY_NAME}"})  # fmt: skip
+            (s.data / "standby.signal").touch()
+            if self.user is not None:
+                shutil.chown(s.data / "standby.signal", self.user, self.user)
+            s.start()
         wanted = "sync" if self.synchronous else "async"
 
         def streaming() -> bool:
@@ -159,19 +173,17 @@ class PgPair:
 
         eventually(streaming, timeout=30, interval=0.1, message=self.logs)
 
-    def url(self, dbname: str) -> str:
-        """Both servers, the writable one chosen at each connection."""
-        return (
-            f"postgresql://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}/{dbname}"
-            "?target_session_attrs=read-write&connect_timeout=2"
-        )
+    def url(self, dbname: str, ports: tuple[int, int] | None = None) -> str:
+        """Both servers (or what forwards to them, ``ports``), the writable one chosen at
+        each connection."""
+        a, b = ports or (self.primary.port, self.standby.port)
+        return f"postgresql://postgres@127.0.0.1:{a},127.0.0.1:{b}/{dbname}?target_session_attrs=read-write&connect_timeout=2"
 
-    def conninfo(self, dbname: str) -> str:
+    def conninfo(self, dbname: str, ports: tuple[int, int] | None = None) -> str:
         """The same, as a key=value connection string."""
-        return (
-            f"host=127.0.0.1,127.0.0.1 port={self.primary.port},{self.standby.port} dbname={dbname} "
-            "user=postgres target_session_attrs=read-write connect_timeout=2"
-        )
+        a, b = ports or (self.primary.port, self.standby.port)
+        return (f"host=127.0.0.1,127.0.0.1 port={a},{b} dbname={dbname} user=postgres "
+                "target_session_attrs=read-write connect_timeout=2")  # fmt: skip
 
     def logs(self) -> str:
         return self.primary.logs() + "\n" + self.standby.logs()

@@ -38,7 +38,7 @@ SCHEMA = "conveyor"
 DBNAME = "conveyor"
 TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
 SETTINGS = {
-    "CONVEYOR__WORKER__HEARTBEAT_INTERVAL": "2",
+    "CONVEYOR__WORKER__HEARTBEAT_INTERVAL": "3",
     "CONVEYOR__RECOVERY__SWEEP_INTERVAL": "0.2",
     "CONVEYOR__RETRY__BACKOFF_BASE": "0.1",
 }
