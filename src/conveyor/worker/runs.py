@@ -86,7 +86,7 @@ class Ran:
     this memory from a claim that committed unanswered (nothing ran it), it is not run
     again under the same attempt but left to recovery and its lost-worker policy."""
 
-    def __init__(self, size: int = 100_000) -> None:
+    def __init__(self, size: int = 20_000) -> None:
         self._size = size
         self._order: deque[tuple[int, int]] = deque()
         self._keys: set[tuple[int, int]] = set()
