@@ -4,7 +4,9 @@ A primary streams synchronously to a standby (acceptance/pg_pair.py: Debian's Po
 15). An executor and two workers, real processes, are given both servers in one URL with
 ``target_session_attrs=read-write``. While requests keep coming, the primary is stopped
 (``immediate``: a crash; ``fast``: a clean stop) and the standby promoted, as a failover
-manager would. On the new primary:
+manager would; the workers come back to the new primary with the executor, or only a while
+after it (their reconnections held by forwarders), while it sweeps there and finds their
+liveness locks missing. On the new primary:
 
 - nothing acknowledged is lost: every request whose commit returned exists, and completes;
 - nothing is stuck: every execution reaches a final status within a deadline;
@@ -144,7 +146,7 @@ class Requester(threading.Thread):
 # clean stop with the key=value form, the workers back on the new primary only a while
 # after the executor, which sweeps meanwhile -- their locks are missing there, and must
 # not count. (The other combinations passed too; two cases keep the module's time down.)
-@pytest.mark.parametrize(("mode", "form", "workers"), [("immediate", "url", "together"), ("fast", "conninfo", "late")])
+@pytest.mark.parametrize(("mode", "form", "back"), [("immediate", "url", "together"), ("fast", "conninfo", "late")])
 def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
     pair: PgPair,
     forwarders: list[Forwarder],
@@ -153,7 +155,7 @@ def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
     tmp_path: Path,
     mode: str,
     form: str,
-    workers: str,
+    back: str,
 ) -> None:
     dsn = pair.conninfo if form == "conninfo" else pair.url
     env = {**env, "DATABASE_URL": dsn(DBNAME)}
@@ -166,10 +168,10 @@ def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
         return procs.logs() + "\n" + pair.logs()
 
     executor = procs.start("executor", name="executor", env=env)
-    workers_ = [procs.start("worker", "--name", f"w{i}", "--import", "failovermod", name=f"w{i}", env=worker_env)
+    workers = [procs.start("worker", "--name", f"w{i}", "--import", "failovermod", name=f"w{i}", env=worker_env)
                 for i in (1, 2)]  # fmt: skip
     executor.wait_for_log("executor started")
-    for w in workers_:
+    for w in workers:
         w.wait_for_log("worker registered")
 
     requester = Requester(pair.url(DBNAME))
@@ -180,14 +182,14 @@ def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
     states = _rows(pair.primary.url(DBNAME), "SELECT status, count(*)::int AS n FROM execution GROUP BY status")
     at_stop = {r["status"]: r["n"] for r in states}
     stopped = time.time()
-    if workers == "late":
+    if back == "late":
         for fwd in forwarders:
             fwd.closing.set()  # connections made from now on are closed at once
     pair.primary.stop(mode)
     down = time.time()  # anything ended after this was written on the new primary
     pair.standby.promote()
     promoted = time.time()
-    if workers == "late":
+    if back == "late":
         # The executor is back on the new primary and sweeps every 0.2 s, while no worker
         # is: their liveness locks are missing there. Then the workers come back.
         sessions = "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE %s"
@@ -227,7 +229,7 @@ def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
 
     completed_after = [r["ended"] for r in rows if r["ended"] is not None and r["ended"] > down]
     first = min(completed_after) - stopped
-    print(f"\nfailover ({mode}, {form}, workers {workers}): {len(acked)} requests, {len(before_stop)} acknowledged "
+    print(f"\nfailover ({mode}, {form}, workers back {back}): {len(acked)} requests, {len(before_stop)} acknowledged "
           f"before the stop, "
           f"{requester.failures} request attempts failed during it; promoted {promoted - stopped:.2f}s after the "
           f"stop; first execution completed on the new primary {first:.2f}s after the stop; executions run again: "
@@ -237,10 +239,13 @@ def test_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
     assert repeated == [], f"attempts other than one completed: {repeated}\n{logs()}"
     assert first < 15, logs()
 
-    for p in (executor, *workers_):
+    for p in (executor, *workers):
         assert p.returncode is None, p.logs()
         assert "Traceback" not in p.stderr(), p.logs()
         assert "worker lost its standing" not in p.stderr(), p.logs()
     assert "marking as inactive" not in executor.stderr(), executor.logs()
-    statuses = _rows(new_primary, "SELECT name, status FROM worker ORDER BY name")
-    assert [(w["name"], w["status"]) for w in statuses] == [("w1", "active"), ("w2", "active")], logs()
+    # Both registered again in the new primary's lifetime: their locks count there from now on.
+    statuses = _rows(new_primary, "SELECT name, status, lock_epoch = current_server_epoch() AS current_epoch "
+                                  "FROM worker ORDER BY name")  # fmt: skip
+    assert [(w["name"], w["status"], w["current_epoch"]) for w in statuses] == [
+        ("w1", "active", True), ("w2", "active", True)], logs()  # fmt: skip
