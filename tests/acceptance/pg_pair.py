@@ -210,7 +210,13 @@ def migrated_pair(synchronous: bool, dbname: str, schema: str) -> Iterator[PgPai
         pytest.skip(problem)
     servers = PgPair(synchronous)
     try:
-        servers.create()
+        try:
+            servers.create()
+        except (subprocess.SubprocessError, OSError) as exc:
+            message = f"cannot make a primary and standby: {exc}\n{servers.logs()}"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
         with psycopg.connect(servers.primary.url("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {dbname}")
         prepare_database(servers.primary.url(dbname), schema)
