@@ -106,11 +106,14 @@ def listen_statement(channel_name: str) -> sql.Composed:
 
 # The server's own refusal of every new connection while it shuts down, starts or
 # recovers (SQLSTATE 57P03). libpq gives a failed connection no SQLSTATE, only text.
+# The last is a standby with hot_standby=off: with a multi-host URL, during a failover
+# it is all there is until it is promoted -- it will take connections then.
 _RESTARTING = (
     "the database system is shutting down",
     "the database system is starting up",
     "the database system is in recovery mode",
     "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
 )
 # Every connection slot taken (53300): the server is up and will take one later.
 _FULL = ("sorry, too many clients already", "remaining connection slots are reserved")

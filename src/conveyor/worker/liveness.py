@@ -79,6 +79,7 @@ class Liveness:
         registration: dict[str, Any],
         on_lost: Callable[[str], Awaitable[None]],
         on_rejoined: Callable[[], Awaitable[None]],
+        on_new_server: Callable[[], None] | None = None,
     ) -> None:
         self._url = url
         self._schema = schema
@@ -92,6 +93,7 @@ class Liveness:
         }
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
+        self._on_new_server = on_new_server
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
         self.worker_id: int | None = None
         self.lock_epoch: Any = None  # the server epoch our lock was taken in (migration 0011)
@@ -325,7 +327,12 @@ class Liveness:
             # Our row was marked dead while we were away: whatever we still run was recovered.
             await self._lost("declared dead while disconnected")
         self.worker_id = int(row["id"])
+        renewed = self.lock_epoch is not None and row["lock_epoch"] != self.lock_epoch
         self.lock_epoch = row["lock_epoch"]
+        if renewed and self._on_new_server is not None:
+            # Another server lifetime: a restart keeps every commit, a failover to a
+            # lagging standby does not -- the worker checks what the database says it runs.
+            self._on_new_server()
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
