@@ -16,6 +16,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -174,6 +175,11 @@ def _claim(port: int, held: contextlib.ExitStack) -> bool:
 def _up(port: int, pool_size: int, home: Path, start_timeout: float) -> Bouncer | None:
     """PgBouncer on ``port``, once its console answers; None if the port is taken by
     something else."""
+    with socket.socket() as probe:  # taken by something else (a pgbouncer service?): not ours to talk to
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return None
     popen = _start(port, pool_size, home)
     candidate = Bouncer(port, pool_size, home, popen)
     deadline = time.monotonic() + start_timeout

@@ -147,7 +147,7 @@ def test_work_through_pgbouncer_in_transaction_mode(
     # Requests through the pooler: the SDK in transactions of a pooled connection (no
     # server-side prepares on it either), and the REST API.
     with psycopg.connect(bouncer.url(database), prepare_threshold=None, row_factory=dict_row) as pooled:
-        sleepers = request_executions(pooled, [("core.sleep", {"seconds": 3})] * SLEEPERS)
+        sleepers = request_executions(pooled, [("core.sleep", {"seconds": 4})] * SLEEPERS)
         pooled.commit()
         echoes: list[int] = []
         for start in range(0, ECHOES - 20, 40):
@@ -155,6 +155,30 @@ def test_work_through_pgbouncer_in_transaction_mode(
                 pooled, [("core.echo", {"message": f"m{i}"}) for i in range(start, start + 40)]
             )
             pooled.commit()
+
+    # Mid-run: a worker running sleepers, echoes still in flight, is SIGKILLed.
+    seen = [_sessions(db)]
+
+    def victim() -> str | None:
+        seen.append(_sessions(db))
+        rows = db.execute(
+            "SELECT w.name FROM execution e JOIN worker w ON w.id = e.worker"
+            " WHERE e.id = ANY(%s) AND e.status = 'running'",
+            (sleepers,),
+        ).fetchall()
+        return rows[0]["name"] if rows else None
+
+    name = until(procs, victim, timeout=30, interval=0.01)
+    lost = [r["id"] for r in db.execute(
+        "SELECT e.id FROM execution e JOIN worker w ON w.id = e.worker"
+        " WHERE e.id = ANY(%s) AND e.status = 'running' AND w.name = %s", (sleepers, name)
+    ).fetchall()]  # fmt: skip
+    killed_at = datetime.now(UTC)
+    workers[name].kill()
+    assert workers[name].returncode == -signal.SIGKILL
+    [survivor] = set(workers) - {name}
+    in_flight = sum(n for status, n in _statuses(db, echoes).items() if status != "completed")
+
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=api_url, headers=headers, timeout=30) as client:
         for i in range(len(echoes), ECHOES):
@@ -163,28 +187,6 @@ def test_work_through_pgbouncer_in_transaction_mode(
             )
             assert response.status_code == 201, response.text
             echoes.append(response.json()["id"])
-
-        # Mid-run: a worker running sleepers, echoes still in flight, is SIGKILLed.
-        seen = [_sessions(db)]
-
-        def victim() -> str | None:
-            seen.append(_sessions(db))
-            rows = db.execute(
-                "SELECT w.name FROM execution e JOIN worker w ON w.id = e.worker"
-                " WHERE e.id = ANY(%s) AND e.status = 'running'",
-                (sleepers,),
-            ).fetchall()
-            return rows[0]["name"] if rows else None
-
-        name = until(procs, victim, timeout=30)
-        lost = [r["id"] for r in db.execute(
-            "SELECT e.id FROM execution e JOIN worker w ON w.id = e.worker"
-            " WHERE e.id = ANY(%s) AND e.status = 'running' AND w.name = %s", (sleepers, name)
-        ).fetchall()]  # fmt: skip
-        killed_at = datetime.now(UTC)
-        workers[name].kill()
-        assert workers[name].returncode == -signal.SIGKILL
-        [survivor] = set(workers) - {name}
 
         # A cancel through the API, on the survivor.
         long = client.post("/api/v1/executions", json={"action_ref": "core.sleep", "parameters": {"seconds": 60}})
@@ -241,14 +243,20 @@ def test_work_through_pgbouncer_in_transaction_mode(
     for proc in (executor, workers[survivor], api, workers[name]):
         assert _problems(proc) == [], proc.logs()
     per_process = Counter(n for _, names in seen[-1:] for n in names)
+    span = db.execute(
+        "SELECT extract(epoch FROM max(ended) - min(created))::float8 AS s FROM execution WHERE id = ANY(%s)",
+        (echoes,),
+    ).fetchone()
     print(
         f"\npgbouncer [{env['CONVEYOR__TRANSPORT']}]: {ECHOES + SLEEPERS + 1} executions through"
-        f" PgBouncer 1.18 (pool {POOL}): {elapsed:.1f}s from the first request to the last completed;"
+        f" PgBouncer 1.18 (pool {POOL}): {elapsed:.1f}s from the first request to the last completed"
+        f" (the {ECHOES} echoes: {span['s'] if span else 0:.2f}s from the first created to the last ended);"
         f" {len(clients)} client connections on {max(servers)} server sessions at most;"
         f" {stats['total_xact_count']} transactions, {stats['total_query_count']} statements"
         f" ({int(stats['total_query_count']) // max(1, len(clients))} per client connection);"
         f" direct sessions at the end: {sorted(per_process)};"
-        f" the SIGKILLed worker's {len(lost)} running executions re-started"
+        f" {in_flight} of the SDK's {ECHOES - 20} echoes still to complete at the kill;"
+        f" the SIGKILLed worker's {len(lost)} running sleeps re-started"
         f" {recovery.total_seconds():.2f}s after the kill"
     )
 
@@ -278,4 +286,7 @@ def test_prepared_statements_and_search_path_break_without_the_settings(
         return [line for p in (executor, worker) for line in _problems(p) if "prepared statement" in line]
 
     lines = until(procs, broken, timeout=40)
-    print(f"\npgbouncer with prepared statements on: {lines[0][:300]}")
+    errors = Counter(
+        m.group(0) for line in lines for m in re.finditer(r'prepared statement \\?"_pg3_\d+\\?" [a-z ]+', line)
+    )
+    print(f"\npgbouncer with prepared statements on: {dict(errors)}")
