@@ -25,7 +25,14 @@ from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
 from conveyor.health import HealthServer
-from conveyor.store.db import check_pooled_sessions, connect_sync, make_pool, refused_for_good
+from conveyor.store.db import (
+    check_pool_url,
+    check_pooled_sessions,
+    connect_sync,
+    make_pool,
+    pooler_hint,
+    refused_for_good,
+)
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
 from conveyor.store.rows import action_row
@@ -126,6 +133,8 @@ async def serve(
         api_socket = bind(settings.api)
     stop, fast = asyncio.Event(), asyncio.Event()
     roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker), ("api", run_api)) if on)
+    if not pooled and url != direct:
+        await check_pool_url(url, schema, f"conveyor-{roles}")  # a pooler the settings do not mention
     pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
                      prepare_threshold=settings.database.prepare_threshold)  # fmt: skip
     await pool.open(wait=True, timeout=30)
@@ -196,7 +205,7 @@ async def _prepare_when_reachable(url: str, schema: str) -> list[Migration]:
             return await asyncio.to_thread(prepare_database, url, schema)
         except psycopg.OperationalError as exc:
             if refused_for_good(exc):
-                raise ConveyorError(f"cannot reach the database: {str(exc).strip()}") from exc
+                raise ConveyorError(f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}") from exc
             attempt += 1
             log.warning("database unreachable at start; retrying", error=str(exc).strip(), attempt=attempt,
                         retry_in=delay)  # fmt: skip

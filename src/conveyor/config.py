@@ -59,10 +59,18 @@ class DatabaseSettings(_Section):
     )
 
     @model_validator(mode="after")
-    def _direct_needs_url(self) -> DatabaseSettings:
-        """The embedded server has no pooler in front of it: a direct URL without a URL is a mistake."""
+    def _direct_url(self) -> DatabaseSettings:
+        """The embedded server has no pooler in front of it: a direct URL without a URL is a
+        mistake. A transaction pooler without a direct URL would carry the liveness locks and
+        LISTEN, which it cannot (a lock taken in one transaction's server session stays there
+        when the worker dies; a notification goes to whoever holds the session)."""
         if self.direct_url and not self.url:
             raise ValueError("database.direct_url is set but database.url is not (set both, or neither)")
+        if self.pooler == "transaction" and not self.direct_url:
+            raise ValueError(
+                "database.pooler 'transaction' needs database.direct_url (DATABASE_DIRECT_URL): PostgreSQL "
+                "itself, for the sessions a transaction pooler cannot carry (liveness locks, LISTEN)"
+            )
         return self
 
     @property

@@ -265,6 +265,16 @@ def test_work_through_pgbouncer_in_transaction_mode(
 def test_prepared_statements_and_search_path_break_without_the_settings(
     procs: Procs, env: dict[str, str], db: Conn, db_url: str, bouncer: Bouncer
 ) -> None:
+    # PgBouncer given as the database with no pooler setting: it refuses Conveyor's startup
+    # options, and the error says what to set -- for a service and for the CLI alike.
+    unsaid = {k: v for k, v in env.items() if k != "CONVEYOR__DATABASE__POOLER"}
+    service = procs.start("executor", name="executor-no-pooler-setting", env=unsaid)
+    cli = procs.run("executions", "list", env={**unsaid, "CONVEYOR__DATABASE__DIRECT_URL": env["DATABASE_URL"]})
+    assert service.wait(60) != 0
+    for output in (service.stderr(), cli.stderr):
+        assert "unsupported startup parameter: options" in output, procs.logs() + describe(cli)
+        assert "set database.pooler: transaction and database.direct_url" in output, procs.logs() + describe(cli)
+
     # No schema on the pooled sessions' search_path: refused at start, with the fix.
     refused = procs.start("executor", name="executor-no-search-path")
     assert refused.wait(60) != 0

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import re
 
+import psycopg
 import pytest
 
 from conveyor.cli.config_cmd import effective
 from conveyor.config import DatabaseSettings, Settings, load_settings
 from conveyor.domain.errors import ConveyorError
-from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, tagged
+from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, pooler_hint, tagged
 
 # The sweep's pattern for a process tag (recovery.sql, deactivate_dead_workers).
 SWEEP_TAG = re.compile(r"\[([0-9a-f]{12})\]")
@@ -37,8 +38,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 )
 def test_prepare_threshold_follows_the_pooler(pooler: str, prepared: bool | None, threshold: int | None) -> None:
     db = DatabaseSettings.model_validate(
-        {"url": "postgresql://h/db", "pooler": pooler, "prepared_statements": prepared}
-    )
+        {"url": "postgresql://h/db", "direct_url": "postgresql://d/db", "pooler": pooler,
+         "prepared_statements": prepared}
+    )  # fmt: skip
     assert db.prepare_threshold == threshold
 
 
@@ -80,6 +82,25 @@ def test_a_direct_url_without_a_url_is_refused(clean_env: pytest.MonkeyPatch) ->
     clean_env.setenv("DATABASE_DIRECT_URL", "postgresql://primary:5432/db")
     with pytest.raises(ConveyorError, match=r"database\.direct_url is set but database\.url is not"):
         load_settings()
+
+
+def test_a_transaction_pooler_without_a_direct_url_is_refused(clean_env: pytest.MonkeyPatch) -> None:
+    """The liveness locks and LISTEN would go through the pooler, which cannot carry them."""
+    clean_env.setenv("DATABASE_URL", "postgresql://pgbouncer:6432/db")
+    clean_env.setenv("CONVEYOR__DATABASE__POOLER", "transaction")
+    with pytest.raises(ConveyorError, match=r"database\.pooler 'transaction' needs database\.direct_url"):
+        load_settings()
+    clean_env.setenv("DATABASE_DIRECT_URL", "postgresql://primary:5432/db")
+    assert load_settings().settings.database.pooler == "transaction"
+
+
+def test_a_pooler_refusing_the_startup_options_gets_the_fix() -> None:
+    refused = psycopg.OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 6432 failed: '
+        "FATAL:  unsupported startup parameter: options"
+    )
+    assert "set database.pooler: transaction and database.direct_url" in pooler_hint(refused)
+    assert pooler_hint(psycopg.OperationalError("FATAL:  password authentication failed")) == ""
 
 
 def test_config_show_computes_and_masks_the_direct_url() -> None:

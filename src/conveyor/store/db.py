@@ -126,6 +126,34 @@ def make_pool(
     )
 
 
+async def check_pool_url(url: str, schema: str, application_name: str) -> None:
+    """One connection as the pool makes them (without database.pooler), before the pool
+    opens: a pooler that refuses the startup options (database.url through PgBouncer,
+    database.pooler left at none) is reported at once with the fix, not as the pool's
+    timeout 30 s later. Any other failure is left to the pool, which waits for a server
+    that is down or starting."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, connect_timeout=5, **conninfo_kwargs(schema, application_name)
+        )
+    except psycopg.OperationalError as exc:
+        if hint := pooler_hint(exc):
+            raise ConveyorError(f"database.url refused Conveyor's startup options ({str(exc).strip()}){hint}") from None
+        return
+    await conn.close()
+
+
+def pooler_hint(exc: BaseException) -> str:
+    """What to do when a connection pooler refused Conveyor's startup options (PgBouncer:
+    "unsupported startup parameter: options"); empty for any other error."""
+    if "unsupported startup parameter" not in str(exc):
+        return ""
+    return (
+        ": it goes through a connection pooler; set database.pooler: transaction and database.direct_url "
+        "(DATABASE_DIRECT_URL) to PostgreSQL itself (docs/deployment.md, Connection poolers)"
+    )
+
+
 async def check_pooled_sessions(pool: AsyncConnectionPool[Any], schema: str) -> None:
     """Behind a transaction pooler the pool's sessions get their search_path from the
     server (the role's or database's default, or the pooler's connect_query), not from
