@@ -32,7 +32,15 @@ from psycopg.rows import dict_row
 
 from acceptance.helpers import Proc, Procs, conveyor_env, describe, until
 from acceptance.pgbouncer_kit import Bouncer, pgbouncer, problem, unavailable
-from acceptance.recovery_kit import RECOVERY_SETTINGS, Conn, attempts, start_executor, start_worker, worker_row
+from acceptance.recovery_kit import (
+    RECOVERY_SETTINGS,
+    Conn,
+    attempts,
+    start_executor,
+    start_worker,
+    terminate_liveness_session,
+    worker_row,
+)
 from acceptance.test_api_cli import free_port
 from conveyor.sdk import request_executions
 
@@ -300,3 +308,25 @@ def test_prepared_statements_and_search_path_break_without_the_settings(
         m.group(0) for line in lines for m in re.finditer(r'prepared statement \\?"_pg3_\d+\\?" [a-z ]+', line)
     )
     print(f"\npgbouncer with prepared statements on: {dict(errors)}")
+
+
+@pytest.mark.parametrize("transport_kind", ["postgres"])  # on rabbitmq the liveness session is the only direct one
+def test_a_liveness_session_dropped_alone_keeps_its_grace_behind_the_pooler(
+    procs: Procs, env: dict[str, str], db: Conn, db_url: str
+) -> None:
+    """The pool's server sessions do not count as the worker's (``<tag>``), but its listener
+    goes direct with its ``[tag]``: its liveness session terminated alone, the worker takes
+    its lock back within lock_grace, and what it runs is not run again."""
+    _serve_schema(db, db_url)
+    start_executor(procs, env)
+    worker = start_worker(procs, env, "wl")
+    [eid] = request_executions(db, [("core.sleep", {"seconds": 3})])
+    until(procs, lambda: _statuses(db, [eid])["running"] == 1, timeout=30)
+    terminate_liveness_session(db, worker_row(db, "wl")["id"])
+    worker.wait_for_log("liveness session re-established", timeout=15)
+
+    until(procs, lambda: _statuses(db, [eid])["completed"] == 1, timeout=20)
+    assert [(a["worker_name"], a["outcome"]) for a in attempts(db, eid)] == [("wl", "completed")]
+    assert worker_row(db, "wl")["status"] == "active"
+    assert worker.returncode is None
+    assert _problems(worker) == [], worker.logs()
