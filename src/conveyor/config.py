@@ -1,8 +1,8 @@
 """Configuration: defaults < YAML file (``--config`` / ``CONVEYOR_CONFIG``) < environment.
 
 Environment variables are ``CONVEYOR__SECTION__KEY`` (``CONVEYOR__WORKER__HEARTBEAT_INTERVAL=5``)
-plus ``DATABASE_URL`` and ``DATABASE_DIRECT_URL``. Key names and defaults follow the seeds. Every value's source is
-kept so ``conveyor config show`` can say where it came from.
+plus ``DATABASE_URL`` and ``DATABASE_DIRECT_URL``. Key names and defaults follow the seeds.
+Every value's source is kept so ``conveyor config show`` can say where it came from.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class DatabaseSettings(_Section):
         "none",
         description="what database.url goes through: 'transaction' = a pooler in transaction mode (PgBouncer "
         "pool_mode=transaction): the pool's connections send no startup options (search_path comes from the "
-        "server, checked at start), carry no process tag, and prepare no statements (see prepared_statements)",
+        "server, checked at start), carry the process tag as <tag> (not counted by the dead-worker sweep: a pooled "
+        "server session serves any process), and prepare no statements (see prepared_statements)",
     )
     prepared_statements: bool | None = Field(
         None,
