@@ -176,6 +176,9 @@ def _up(port: int, pool_size: int, home: Path, start_timeout: float) -> Bouncer 
     """PgBouncer on ``port``, once its console answers; None if the port is taken by
     something else."""
     with socket.socket() as probe:  # taken by something else (a pgbouncer service?): not ours to talk to
+        # SO_REUSEADDR, as pgbouncer itself binds: a port whose last connections linger in
+        # TIME_WAIT is free; one something listens on is not (Linux refuses that bind).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

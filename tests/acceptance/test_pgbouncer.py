@@ -91,6 +91,8 @@ def env(db_url: str, bouncer: Bouncer, transport_env: dict[str, str]) -> dict[st
         CONVEYOR__DATABASE__POOLER="transaction",
         CONVEYOR__DATABASE__POOL_SIZE=4,
         CONVEYOR__LOG__JSON="true",
+        # The recovery duties under session advisory locks: on the duty-lock connection, direct.
+        CONVEYOR__EXECUTOR__EXCLUSIVE_DUTIES="true",
         **RECOVERY_SETTINGS,
     )
 
@@ -245,7 +247,7 @@ def test_work_through_pgbouncer_in_transaction_mode(
     direct_names = set().union(*(names for _, names in seen))
     assert direct_names <= {"test", "conveyor-worker-liveness", "conveyor-worker-listen", "conveyor-executor-listen",
                             "conveyor-executor-duties", "conveyor-api-listen"}, direct_names  # fmt: skip
-    assert "conveyor-worker-liveness" in direct_names
+    assert {"conveyor-worker-liveness", "conveyor-executor-duties"} <= direct_names
     stats = _db_stats(bouncer, database)
     clients = [c for c in bouncer.admin("SHOW CLIENTS") if c["database"] == database]
     for proc in (executor, workers[survivor], api, workers[name]):
