@@ -8,7 +8,10 @@ signals from it:
   the session and the lock with it, and the worker is dead *now* -- told from a
   session dropped alone by the process's other sessions (its pool, its listener),
   which carry the same tag in their application_name (store/db.py, migration 0022):
-  a dead process has none left, a live one keeps its lock_grace;
+  a dead process has none left, a live one keeps its lock_grace. Behind a transaction
+  pooler (database.pooler) the pool's server sessions are shared and do not count
+  (tagged ``<tag>``): only the direct ones do, the listener on the postgres transport;
+  this connection always goes direct (database.direct_url);
 - the heartbeat: older than the worker's own ``stale_after`` (interval x multiplier)
   means dead even when the lock lingers (a partition, a hung process). Keepalives on
   both ends of this connection make the server drop a vanished host's session after

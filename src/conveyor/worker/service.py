@@ -64,7 +64,7 @@ class WorkerService:
     def __init__(
         self,
         settings: Settings,
-        url: str,
+        direct_url: str,  # the liveness session's (database.direct_url): never through a pooler
         pool: AsyncConnectionPool[Any],
         transport: Transport,
         actions: list[ActionDefinition],
@@ -97,7 +97,7 @@ class WorkerService:
         self._next_cancel_check = 0.0
         self._bell = Doorbell()
         self._liveness = Liveness(
-            url,
+            direct_url,
             settings.database.schema_name,
             self.cfg,
             {
