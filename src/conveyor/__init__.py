@@ -3,4 +3,4 @@
 from conveyor.actions.registry import ActionRegistry, action, subprocess_action
 
 __all__ = ["ActionRegistry", "action", "subprocess_action"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

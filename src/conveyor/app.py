@@ -25,7 +25,14 @@ from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
 from conveyor.health import HealthServer
-from conveyor.store.db import connect_sync, make_pool, refused_for_good
+from conveyor.store.db import (
+    check_pool_url,
+    check_pooled_sessions,
+    connect_sync,
+    make_pool,
+    pooler_hint,
+    refused_for_good,
+)
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
 from conveyor.store.rows import action_row
@@ -108,8 +115,14 @@ async def serve(
     signal: fast). ``bootstrap_token``: with the API, create and report an admin token
     if none exists yet (``conveyor up`` on a fresh database)."""
     schema = settings.database.schema_name
+    # ``url`` serves the pool, which may go through a transaction pooler; everything that
+    # needs one server session for its whole life (the migration lock, LISTEN, the worker's
+    # liveness lock, the executor's duty locks) goes to the direct URL (docs/deployment.md,
+    # "Connection poolers").
+    direct = settings.database.direct_url or url
+    pooled = settings.database.pooler == "transaction"
     actions = load_actions([*settings.worker.imports, *imports]) if run_worker else []
-    applied = await _prepare_when_reachable(url, schema)
+    applied = await _prepare_when_reachable(direct, schema)
     if applied:
         log.info("schema migrated", schema=schema, versions=[m.version for m in applied])
 
@@ -120,15 +133,21 @@ async def serve(
         api_socket = bind(settings.api)
     stop, fast = asyncio.Event(), asyncio.Event()
     roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker), ("api", run_api)) if on)
-    pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size)
+    if not pooled and url != direct:
+        await check_pool_url(url, schema, f"conveyor-{roles}")  # a pooler the settings do not mention
+    pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
+                     prepare_threshold=settings.database.prepare_threshold)  # fmt: skip
     await pool.open(wait=True, timeout=30)
     try:
-        transport = make_transport(settings, url, pool, relay=run_executor, application_name=f"conveyor-{roles}-listen")
+        if pooled:
+            await check_pooled_sessions(pool, schema)
+        transport = make_transport(settings, direct, pool, relay=run_executor,
+                                   application_name=f"conveyor-{roles}-listen")  # fmt: skip
         if run_executor or run_worker:
             async with pool.connection() as conn:
                 await transport.declare_route(conn)
-        executor = ExecutorService(settings, url, pool, transport) if run_executor else None
-        worker = WorkerService(settings, url, pool, transport, actions) if run_worker else None
+        executor = ExecutorService(settings, direct, pool, transport) if run_executor else None
+        worker = WorkerService(settings, direct, pool, transport, actions) if run_worker else None
         if worker is not None:
             await worker.register()
         with _signals(stop, fast):
@@ -186,7 +205,7 @@ async def _prepare_when_reachable(url: str, schema: str) -> list[Migration]:
             return await asyncio.to_thread(prepare_database, url, schema)
         except psycopg.OperationalError as exc:
             if refused_for_good(exc):
-                raise ConveyorError(f"cannot reach the database: {str(exc).strip()}") from exc
+                raise ConveyorError(f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}") from exc
             attempt += 1
             log.warning("database unreachable at start; retrying", error=str(exc).strip(), attempt=attempt,
                         retry_in=delay)  # fmt: skip

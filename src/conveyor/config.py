@@ -1,8 +1,8 @@
 """Configuration: defaults < YAML file (``--config`` / ``CONVEYOR_CONFIG``) < environment.
 
 Environment variables are ``CONVEYOR__SECTION__KEY`` (``CONVEYOR__WORKER__HEARTBEAT_INTERVAL=5``)
-plus ``DATABASE_URL``. Key names and defaults follow the seeds. Every value's source is
-kept so ``conveyor config show`` can say where it came from.
+plus ``DATABASE_URL`` and ``DATABASE_DIRECT_URL``. Key names and defaults follow the seeds.
+Every value's source is kept so ``conveyor config show`` can say where it came from.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from conveyor.config_keys import ENV_PREFIX, KeyChecker, canonicalize, check_unknown, env_path, mask_secrets
+from conveyor.config_keys import (
+    ENV_PREFIX,
+    KeyChecker,
+    canonicalize,
+    check_unknown,
+    env_path,
+    mask_secrets,
+    split_urls,
+)
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT
@@ -39,8 +47,51 @@ class DatabaseSettings(_Section):
         "conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$", description="schema holding every Conveyor object"
     )
     pool_size: int = Field(10, ge=2, description="connections per process")
+    direct_url: str | None = Field(
+        None,
+        description="PostgreSQL URL of the connections that must stay one server session: a worker's "
+        "liveness lock, LISTEN, the executor's duty locks, the migration lock, the CLI; unset = database.url. "
+        "Set it to the server itself when database.url goes through a connection pooler",
+    )
+    pooler: Literal["none", "transaction"] = Field(
+        "none",
+        description="what database.url goes through: 'transaction' = a pooler in transaction mode (PgBouncer "
+        "pool_mode=transaction): the pool's connections send no startup options (search_path comes from the "
+        "server, checked at start), carry the process tag as <tag> (not counted by the dead-worker sweep: a pooled "
+        "server session serves any process), and prepare no statements (see prepared_statements)",
+    )
+    prepared_statements: bool | None = Field(
+        None,
+        description="server-side prepared statements on the pool's connections (psycopg prepares a statement "
+        "run 5 times); unset = on, off when pooler is 'transaction'. true behind PgBouncer >= 1.21 with "
+        "max_prepared_statements > 0",
+    )
 
-    @field_validator("url")
+    @model_validator(mode="after")
+    def _direct_url(self) -> DatabaseSettings:
+        """The embedded server has no pooler in front of it: a direct URL without a URL is a
+        mistake. A transaction pooler without a direct URL would carry the liveness locks and
+        LISTEN, which it cannot (a lock taken in one transaction's server session stays there
+        when the worker dies; a notification goes to whoever holds the session)."""
+        if self.direct_url and not self.url:
+            raise ValueError("database.direct_url is set but database.url is not (set both, or neither)")
+        if self.pooler == "transaction" and not self.direct_url:
+            raise ValueError(
+                "database.pooler 'transaction' needs database.direct_url (DATABASE_DIRECT_URL): PostgreSQL "
+                "itself, for the sessions a transaction pooler cannot carry (liveness locks, LISTEN)"
+            )
+        return self
+
+    @property
+    def prepare_threshold(self) -> int | None:
+        """psycopg's prepare_threshold for the pool's connections (None: never prepare).
+        Behind a transaction pooler older than PgBouncer 1.21, consecutive transactions of
+        one client land on different server sessions: a statement prepared on one is
+        missing on the next ("prepared statement _pg3_0 does not exist")."""
+        on = self.pooler == "none" if self.prepared_statements is None else self.prepared_statements
+        return 5 if on else None
+
+    @field_validator("url", "direct_url")
     @classmethod
     def _postgresql(cls, url: str | None) -> str | None:
         """A URL psycopg cannot use would fail later, as a traceback from deep inside."""
@@ -230,6 +281,12 @@ class RabbitMQSettings(_Section):
         "(a frozen worker) after about two of them, and its unacknowledged messages go back to their queue",
     )
     relay_batch: int = Field(500, ge=1, le=10_000, description="outbox rows published per relay transaction")
+    dead_letter_strategy: Literal["at-least-once", "at-most-once"] = Field(
+        "at-least-once",
+        description="how worker queues dead-letter (x-dead-letter-strategy, RabbitMQ >= 3.10): at-least-once keeps "
+        "an expired dispatch in its queue until the dead-letter queue confirmed it; at-most-once may lose it in a "
+        "broker failure (the executors' schedule-to-start timeout then finds the execution)",
+    )
 
     @model_validator(mode="after")
     def _expiry_outlasts_ttl(self) -> RabbitMQSettings:
@@ -240,12 +297,32 @@ class RabbitMQSettings(_Section):
 
 
 class MessageQueueSettings(_Section):
-    url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (transport: rabbitmq)")
+    url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ URL (transport: rabbitmq); the nodes of a cluster as a comma-separated list of URLs, "
+        "tried in a rotated order at every (re)connection",
+    )
     prefix: str = Field("conveyor", pattern=r"^[A-Za-z0-9_-]+$", description="prefix of every exchange and queue name")
     reconcile_after: float = Field(
         30, gt=0, description="seconds an execution may sit requested/scheduled before its message is published again"
     )
     rabbitmq: RabbitMQSettings = Field(default_factory=RabbitMQSettings)  # type: ignore[arg-type]
+
+    @field_validator("url")
+    @classmethod
+    def _amqp_urls(cls, value: str) -> str:
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("at least one AMQP URL is needed")
+        for url in urls:
+            if not url.lower().startswith(("amqp://", "amqps://")):
+                raise ValueError(f"{mask_secrets(url)!r} is not an AMQP URL (amqp://user:password@host:5672/vhost)")
+        return value
+
+    @property
+    def urls(self) -> list[str]:
+        """The broker addresses: one, or the nodes of a cluster."""
+        return split_urls(self.url)
 
 
 class DeadLetterSettings(_Section):
@@ -356,12 +433,25 @@ class Settings(BaseSettings):
         return (_DatabaseUrlSource(settings_cls), _Aliased(settings_cls, env_settings), init_settings)
 
 
+# Plain variables for the URLs, winning over CONVEYOR__DATABASE__*: DATABASE_URL is the one
+# every PaaS and tool already sets; DATABASE_DIRECT_URL its pooler-bypassing companion
+# (the name Prisma and others use for the same purpose).
+URL_VARIABLES = {"url": "DATABASE_URL", "direct_url": "DATABASE_DIRECT_URL"}
+
+
 class _DatabaseUrlSource(EnvSettingsSource):
-    """``DATABASE_URL``, the variable every PaaS and tool already sets."""
+    """``DATABASE_URL`` and ``DATABASE_DIRECT_URL``."""
 
     def __call__(self) -> dict[str, Any]:
-        url = os.environ.get("DATABASE_URL")
-        return {"database": {"url": url}} if url else {}
+        urls = {key: os.environ[var] for key, var in URL_VARIABLES.items() if os.environ.get(var)}
+        return {"database": urls} if urls else {}
+
+
+def _url_variable(key: str) -> str | None:
+    """The plain variable that set this key (``database.url``: DATABASE_URL), if one did."""
+    section, _, name = key.partition(".")
+    var = URL_VARIABLES.get(name) if section == "database" else None
+    return var if var and os.environ.get(var) else None
 
 
 class _Aliased(PydanticBaseSettingsSource):
@@ -430,8 +520,7 @@ def _problems(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
-        if key == "database.url" and os.environ.get("DATABASE_URL"):
-            key = "DATABASE_URL"  # the variable the user set, not the key it feeds
+        key = _url_variable(key) or key  # the variable the user set, not the key it feeds
         problems.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(problems)
 
@@ -448,8 +537,8 @@ def _sources(
     sources: dict[str, str] = {}
     file_keys = set(_flatten(file_data))
     for key in _flatten(settings.model_dump(by_alias=True)):
-        if key == "database.url" and os.environ.get("DATABASE_URL"):
-            sources[key] = "env DATABASE_URL"
+        if variable := _url_variable(key):
+            sources[key] = f"env {variable}"
         elif key in from_env:
             sources[key] = from_env[key]
         elif key in file_keys:

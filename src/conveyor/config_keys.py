@@ -220,9 +220,22 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 _CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE | re.ASCII)
 
 
+# Between two URLs of a list: a comma followed by a scheme (a comma inside a password or
+# a query is not followed by one).
+_URL_LIST_SEP = re.compile(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_urls(text: str) -> list[str]:
+    """``url1,url2,...`` (the nodes of a RabbitMQ cluster) as a list of URLs."""
+    return [u.strip() for u in _URL_LIST_SEP.split(text.strip().rstrip(",")) if u.strip()]
+
+
 def mask_secrets(text: str) -> str:
-    """Hide passwords in a URL (``scheme://user:secret@host``, ``?password=secret``) or a
-    libpq key=value connection string (``password=secret``, quoted or not)."""
+    """Hide passwords in a URL (``scheme://user:secret@host``, ``?password=secret``), a
+    comma-separated list of URLs, or a libpq key=value connection string
+    (``password=secret``, quoted or not)."""
+    if len(urls := split_urls(text)) > 1:
+        return ",".join(mask_secrets(u) for u in urls)
     scheme, sep, rest = text.partition("://")
     if not sep:
         return _CONNINFO_PASSWORD.sub(r"\1***", text)

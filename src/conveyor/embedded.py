@@ -84,3 +84,10 @@ def bundled_psql() -> Path | None:
 
 def resolve_url(settings: Settings) -> str:
     return settings.database.url or find_running(settings)
+
+
+def resolve_direct_url(settings: Settings) -> str:
+    """The URL of sessions that must not go through a transaction pooler
+    (database.direct_url, else the URL): the CLI's, whose one short session may LISTEN
+    (``run --wait``, ``tail --follow``) and sets search_path in its startup options."""
+    return settings.database.direct_url or resolve_url(settings)

@@ -40,7 +40,8 @@ _LOG_TAIL = 20_000
 def conveyor_env(database_url: str | None, **overrides: object) -> dict[str, str]:
     """The environment of a conveyor process: ours minus any inherited Conveyor settings,
     plus the fast settings, ``DATABASE_URL`` (unless None) and ``overrides``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR") and k != "DATABASE_URL"}
+    urls = ("DATABASE_URL", "DATABASE_DIRECT_URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR") and k not in urls}
     env.update(FAST_SETTINGS)
     if database_url is not None:
         env["DATABASE_URL"] = database_url

@@ -84,7 +84,7 @@ def test_migrate_status_and_dry_run_apply_nothing(procs: Procs, empty_db_url: st
     # Up to date again (their rows back: migrations are not applied twice): nothing
     # pending, which is what a script checks.
     with psycopg.connect(empty_db_url) as c, c.cursor() as cur:
-        cur.executemany(f"INSERT INTO {SCHEMA}.schema_migration VALUES (%s, %s, %s, %s)", newest)
+        cur.executemany(f"INSERT INTO {SCHEMA}.schema_migration VALUES (%s, %s, %s, %s, %s)", newest)
     assert procs.json("migrate", "--dry-run", env=env)["pending"] == []
     assert "would apply nothing" in procs.run("migrate", "--dry-run", env=env).stdout
 

@@ -87,6 +87,8 @@ def test_declared_topology_follows_the_environment(procs: Procs, env: dict[str, 
         "x-expires": 654321,
         "x-delivery-limit": 7,
         "x-dead-letter-exchange": f"{p}.dlx",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
     }
     assert found[rq]["arguments"] == {
         "x-queue-type": "quorum",

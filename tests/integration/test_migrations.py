@@ -131,3 +131,32 @@ def test_a_tampered_checksum_is_refused(db_url: str) -> None:
         migrate(db_url, SCHEMA)
     with pytest.raises(SchemaTooNewError, match=r"0001_initial .* differs"):
         check_version(db_url, SCHEMA)
+
+
+def test_a_newer_schema_of_expand_migrations_is_used(db_url: str) -> None:
+    """A rolling upgrade: the next release applied migrations that declare this code's
+    version compatible (``-- compatible-from``); this code starts against them, applies
+    nothing, and refuses as soon as one of them is a contract migration."""
+    newest = known_migrations()[-1].version
+    insert = (
+        f"INSERT INTO {SCHEMA}.schema_migration (version, name, checksum, compatible_from) VALUES (%s, %s, 'x', %s)"
+    )
+    with psycopg.connect(db_url) as c:
+        c.execute(insert, (newest + 1, "future_expand", newest))
+        c.execute(insert, (newest + 2, "future_expand_too", newest - 1))
+    assert migrate(db_url, SCHEMA) == []
+    assert check_version(db_url, SCHEMA) == newest + 2
+    assert [s.migration.version for s in migration_states(db_url, SCHEMA)][-1] == newest
+    with psycopg.connect(db_url) as c:
+        c.execute(insert, (newest + 3, "future_contract", newest + 3))
+    with pytest.raises(SchemaTooNewError, match=rf"migration {newest + 3} needs code that knows version {newest + 3}"):
+        migrate(db_url, SCHEMA)
+
+
+def test_each_migration_records_what_it_declares(db_url: str) -> None:
+    with psycopg.connect(db_url) as c:
+        recorded = dict(c.execute(f"SELECT version, compatible_from FROM {SCHEMA}.schema_migration").fetchall())
+    declared = {m.version: m.compatible_from for m in known_migrations()}
+    assert declared[31] == 30  # 0031 only adds a column: the previous release runs on
+    # Rows from before 0031 recorded nothing (read as their own version); later ones what they declare.
+    assert recorded == {v: (c if v >= 31 else None) for v, c in declared.items()}

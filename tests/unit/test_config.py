@@ -22,7 +22,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.upper().startswith("CONVEYOR") or name == "DATABASE_URL":
+        if name.upper().startswith("CONVEYOR") or name in ("DATABASE_URL", "DATABASE_DIRECT_URL"):
             monkeypatch.delenv(name)
 
 

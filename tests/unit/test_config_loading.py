@@ -20,7 +20,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     import os
 
     for name in list(os.environ):
-        if name.startswith(ENV_PREFIX) or name in ("DATABASE_URL", "CONVEYOR_CONFIG"):
+        if name.startswith(ENV_PREFIX) or name in ("DATABASE_URL", "DATABASE_DIRECT_URL", "CONVEYOR_CONFIG"):
             monkeypatch.delenv(name)
     return monkeypatch
 

@@ -20,7 +20,7 @@ from conveyor.worker.naming import default_worker_name
 @pytest.fixture(autouse=True)
 def _no_embedded_server(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):  # the settings come from the test, not the environment
-        if name.startswith("CONVEYOR") or name == "DATABASE_URL":
+        if name.startswith("CONVEYOR") or name in ("DATABASE_URL", "DATABASE_DIRECT_URL"):
             monkeypatch.delenv(name)
 
     def not_running(settings: Settings) -> str:

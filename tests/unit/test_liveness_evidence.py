@@ -35,6 +35,16 @@ CONNECTION_REFUSED = OperationalError(AT + "Connection refused\n\tIs the server 
 STARTING = OperationalError(AT + "FATAL:  the database system is starting up")
 FULL = OperationalError(AT + "FATAL:  sorry, too many clients already")
 NO_DATABASE = OperationalError(AT + 'FATAL:  database "nope" does not exist')
+# A multi-host URL (target_session_attrs=read-write) during a failover: the old primary
+# gone, the standby not promoted yet -- readable, or not at all (hot_standby=off). Both
+# take connections once it is promoted.
+ONLY_A_STANDBY = OperationalError(
+    AT + "session is read-only\nMultiple connection attempts failed. All failures were:\n"
+    "- host: 'a': " + AT + "Connection refused\n- host: 'b': " + AT + "session is read-only"
+)
+STANDBY_NOT_HOT = OperationalError(
+    AT + "FATAL:  the database system is not accepting connections\nDETAIL:  Hot standby mode is disabled."
+)
 BAD_PASSWORD = OperationalError(AT + 'FATAL:  password authentication failed for user "conveyor"')
 
 
@@ -101,6 +111,8 @@ def test_a_new_connection_forgets_what_the_server_said() -> None:
         (OperationalError(AT + "FATAL:  the database system is shutting down"), True, False),
         (OperationalError(AT + "FATAL:  the database system is in recovery mode"), True, False),
         (FULL, False, False),
+        (ONLY_A_STANDBY, False, False),
+        (STANDBY_NOT_HOT, True, False),
         (NO_DATABASE, False, True),
         (BAD_PASSWORD, False, True),
         (OperationalError(AT + 'FATAL:  no pg_hba.conf entry for host "10.0.0.1"'), False, True),

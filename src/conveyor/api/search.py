@@ -10,12 +10,12 @@ fewer than a page of matches."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from conveyor.domain import jsontext
 from conveyor.domain.errors import ConveyorError
 from conveyor.store.queries import Q
 
@@ -34,7 +34,7 @@ def parse_parameters(text: str | None) -> dict[str, Any] | None:
         raise ConveyorError(f"the parameters search is over {MAX_TERM} characters")
     if text.startswith("{"):
         try:
-            value = json.loads(text)
+            value = jsontext.loads(text)
         except ValueError as exc:
             raise ConveyorError(f"the parameters search is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
@@ -46,8 +46,8 @@ def parse_parameters(text: str | None) -> dict[str, Any] | None:
         if not sep or not key:
             raise ConveyorError(f"the parameters search needs key=value pairs or a JSON object, not {pair!r}")
         try:
-            found[key] = json.loads(raw)
-        except ValueError:
+            found[key] = jsontext.loads(raw)
+        except ValueError:  # NaN, 1e400 and plain words are searched as text
             found[key] = raw
     return found
 

@@ -33,9 +33,11 @@ def computed(settings: Settings) -> dict[str, Any]:
         "dead_letter.exchange": settings.dead_letter_exchange,
         "embedded.data_dir": str(embedded.data_dir(settings)),
     }
+    values["database.prepared_statements"] = settings.database.prepare_threshold is not None
     if settings.database.url is None:
         with contextlib.suppress(DatabaseUnavailableError):
             values["database.url"] = embedded.find_running(settings)
+    values["database.direct_url"] = values.get("database.url", settings.database.url)
     return values
 
 
@@ -46,7 +48,7 @@ def effective(settings: Settings, sources: dict[str, str]) -> dict[str, tuple[An
     for key, value in computed(settings).items():
         if values.get(key) is None:
             shown[key] = (value, COMPUTED)
-    for key in ("database.url", "message_queue.url"):
+    for key in ("database.url", "database.direct_url", "message_queue.url"):
         value, source = shown[key]
         if value:
             shown[key] = (mask_secrets(str(value)), source)

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from conveyor.config import LoadedSettings, load_settings
 from conveyor.domain.errors import SchemaTooNewError
-from conveyor.embedded import resolve_url
+from conveyor.embedded import resolve_direct_url
 from conveyor.sdk import Client
 from conveyor.store.db import Row, connect_sync
 from conveyor.store.migrate import check_version, known_migrations
@@ -45,7 +45,7 @@ class State:
 
     def client(self) -> Client:
         settings = self.loaded.settings
-        return Client(resolve_url(settings), settings.database.schema_name, user=cli_user())
+        return Client(resolve_direct_url(settings), settings.database.schema_name, user=cli_user())
 
 
 state = State()
@@ -76,7 +76,7 @@ def schema_problem() -> str | None:
     settings = state.loaded.settings
     schema = settings.database.schema_name
     try:
-        version = check_version(resolve_url(settings), schema)
+        version = check_version(resolve_direct_url(settings), schema)
     except SchemaTooNewError as exc:
         return str(exc)
     except psycopg.Error:
@@ -144,7 +144,9 @@ def sql_session() -> Iterator[psycopg.Connection[Row]]:
     letters, purge). A missing table (a database never migrated, or by an older Conveyor)
     is reported by main: schema_problem."""
     settings = state.loaded.settings
-    with connect_sync(resolve_url(settings), settings.database.schema_name, APPLICATION_NAME, autocommit=True) as conn:
+    with connect_sync(
+        resolve_direct_url(settings), settings.database.schema_name, APPLICATION_NAME, autocommit=True
+    ) as conn:
         yield conn
 
 

@@ -38,7 +38,7 @@ def show_migrations(*, status: bool, as_json: bool) -> None:
     ``migrate`` applies them); reads only."""
     settings = state.loaded.settings
     schema = settings.database.schema_name
-    states = migration_states(embedded.resolve_url(settings), schema)
+    states = migration_states(embedded.resolve_direct_url(settings), schema)
     pending = [s.migration for s in states if s.applied is None]
     version = max((s.migration.version for s in states if s.applied is not None), default=0)
     latest = states[-1].migration.version if states else 0
@@ -88,12 +88,13 @@ def _print_status(states: list[MigrationState], schema: str, version: int, lates
 
 @app.command()
 def url() -> None:
-    """Print the connection URL the configuration resolves to.
+    """Print the connection URL the configuration resolves to (database.direct_url when set:
+    a psql session needs no pooler).
 
     For any PostgreSQL client: psql "$(conveyor db url)". It includes the password, if the
     URL has one. Without DATABASE_URL it is the embedded PostgreSQL's, which a `conveyor up`
     of this user must be running."""
-    console.print(embedded.resolve_url(state.loaded.settings), highlight=False, soft_wrap=True)
+    console.print(embedded.resolve_direct_url(state.loaded.settings), highlight=False, soft_wrap=True)
 
 
 def psql(ctx: typer.Context) -> None:
@@ -103,7 +104,7 @@ def psql(ctx: typer.Context) -> None:
     (all but --help): conveyor psql -c 'SELECT count(*) FROM execution'. Uses the psql on
     PATH, else the one that comes with the embedded PostgreSQL."""
     settings = state.loaded.settings
-    params = psycopg.conninfo.conninfo_to_dict(embedded.resolve_url(settings))
+    params = psycopg.conninfo.conninfo_to_dict(embedded.resolve_direct_url(settings))
     env = dict(os.environ)
     # The password goes through the environment, not argv, where `ps` shows it to anyone.
     password = params.pop("password", None)

@@ -37,7 +37,7 @@ from conveyor.config import Settings
 from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import RetentionError, parse_age
-from conveyor.embedded import resolve_url
+from conveyor.embedded import resolve_direct_url
 from conveyor.replay import Outcome, replay_one
 from conveyor.store.db import Row, make_pool
 from conveyor.store.queries import Q
@@ -270,7 +270,7 @@ def replay(
             "(--reason, --resolution, --execution, --queue, --since)"
         )
     settings = state.loaded.settings
-    url = resolve_url(settings)
+    url = resolve_direct_url(settings)
     if ids:
         selected = list(dict.fromkeys(ids))
     else:

@@ -31,6 +31,7 @@ from conveyor.cli import (
 )
 from conveyor.cli.context import MISSING_SCHEMA, console, err_console, line, schema_problem, state
 from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import pooler_hint
 
 app = typer.Typer(
     name="conveyor",
@@ -101,7 +102,7 @@ def _user_facing(exc: BaseException) -> str | None:
     if isinstance(exc, MISSING_SCHEMA):
         return schema_problem()
     if isinstance(exc, psycopg.OperationalError):
-        return f"cannot reach the database: {str(exc).strip()}"
+        return f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}"
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             message = _user_facing(inner)

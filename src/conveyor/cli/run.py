@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Annotated, Any, BinaryIO
 
@@ -12,31 +11,14 @@ import typer
 from conveyor.cli import run_progress
 from conveyor.cli.context import JsonOption, console, err_console, print_json, state
 from conveyor.cli.executions import show_execution
+from conveyor.domain import jsontext
 from conveyor.domain.delays import DelayError, parse_at, parse_duration
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.status import ExecutionStatus
 
-
-class _NotFinite(ValueError):
-    """A number JSON cannot carry (NaN, Infinity, or beyond a double's range)."""
-
-
-def _no_constant(text: str) -> Any:
-    raise _NotFinite(text)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses as inf
-        raise _NotFinite(text)
-    return value
-
-
-def parse_json(raw: str) -> Any:
-    """Strict JSON: Python's json module takes NaN and Infinity (and turns 1e400 into
-    inf), none of which JSON, jsonb or the API can carry."""
-    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+_NotFinite = jsontext.NotFinite
+parse_json = jsontext.loads  # strict: no NaN, Infinity or 1e400 (domain/jsontext.py)
 
 
 def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:

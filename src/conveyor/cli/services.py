@@ -113,7 +113,7 @@ def migrate(
         show_migrations(status=status, as_json=as_json)
         return
     settings = state.loaded.settings
-    applied = prepare_database(embedded.resolve_url(settings), settings.database.schema_name)
+    applied = prepare_database(embedded.resolve_direct_url(settings), settings.database.schema_name)
     if as_json:
         print_json(
             {

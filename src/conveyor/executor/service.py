@@ -39,7 +39,11 @@ def make_executor_id() -> str:
 
 
 class ExecutorService:
-    def __init__(self, settings: Settings, url: str, pool: AsyncConnectionPool[Any], transport: Transport) -> None:
+    def __init__(
+        self, settings: Settings, direct_url: str, pool: AsyncConnectionPool[Any], transport: Transport
+    ) -> None:
+        """``direct_url``: for the duty-lock session (session advisory locks: never through a
+        transaction pooler, database.direct_url)."""
         self.settings = settings
         self.executor_id = make_executor_id()
         self._pool = pool
@@ -62,7 +66,7 @@ class ExecutorService:
         self._transport_kind = transport.kind
         # Connected at the first duty that takes a lock: retention always does (retention.py),
         # the other shared duties only with executor.exclusive_duties.
-        self._duty_locks = DutyLocks(url, settings.database.schema_name, "conveyor-executor-duties")
+        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties")
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty

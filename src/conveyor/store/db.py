@@ -8,9 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+import structlog
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+
+from conveyor.domain.errors import ConveyorError
+from conveyor.store.queries import Q
+
+log = structlog.get_logger(__name__)
 
 Row = dict[str, Any]
 
@@ -35,14 +41,28 @@ RECONNECT_TIMEOUT = 5.0
 PROCESS_TAG = secrets.token_hex(6)
 
 
-def tagged(application_name: str) -> str:
+def tagged(application_name: str, *, pooled: bool = False) -> str:
     """``application_name`` with this process's tag (PostgreSQL keeps 63 bytes of it:
-    the name is shortened so the tag survives)."""
-    suffix = f" [{PROCESS_TAG}]"
+    the name is shortened so the tag survives).
+
+    ``pooled``: a connection through a transaction pooler (database.pooler). The server
+    session behind it is not this process's: PgBouncer lends it to any client for one
+    transaction and sets on it the application_name of whichever client used it last, so
+    it may show a dead process's tag, or none of a live one's. Its tag is written
+    ``<tag>``, which the sweep's pattern (``[tag]``) ignores: an operator still reads in
+    pg_stat_activity which process used a server session last, and the sweep judges a
+    process by its direct sessions alone (liveness, listener, duty locks)."""
+    suffix = f" <{PROCESS_TAG}>" if pooled else f" [{PROCESS_TAG}]"
     return application_name[: 63 - len(suffix)] + suffix
 
 
-def conninfo_kwargs(schema: str, application_name: str) -> dict[str, Any]:
+def conninfo_kwargs(schema: str, application_name: str, *, pooled: bool = False) -> dict[str, Any]:
+    """Connection parameters. ``pooled``: through a transaction pooler, which refuses the
+    ``options`` startup parameter (PgBouncer: "unsupported startup parameter: options"),
+    or drops it when told to ignore it: the pooled sessions' search_path and timeouts
+    must come from the server (ALTER ROLE ... SET; check_pooled_sessions verifies)."""
+    if pooled:
+        return {"application_name": tagged(application_name, pooled=True), **KEEPALIVES}
     # Server side: a session whose client vanished mid-transaction (a partition between a
     # claim and its COMMIT) must not hold its row locks for the kernel's 2 hours.
     server = (
@@ -73,14 +93,26 @@ def connect_sync(
 
 
 def make_pool(
-    url: str, schema: str, application_name: str, max_size: int
+    url: str,
+    schema: str,
+    application_name: str,
+    max_size: int,
+    *,
+    pooled: bool = False,
+    prepare_threshold: int | None = 5,
 ) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
+    """The process's pool. ``pooled``/``prepare_threshold``: see conninfo_kwargs and
+    DatabaseSettings.prepare_threshold (database.pooler, database.prepared_statements)."""
     return AsyncConnectionPool(
         url,
         min_size=1,
         max_size=max_size,
         open=False,
-        kwargs={"row_factory": dict_row, **conninfo_kwargs(schema, application_name)},
+        kwargs={
+            "row_factory": dict_row,
+            "prepare_threshold": prepare_threshold,
+            **conninfo_kwargs(schema, application_name, pooled=pooled),
+        },
         connection_class=psycopg.AsyncConnection[Row],
         # The pool retries a lost connection with a doubling delay until reconnect_timeout
         # (300 s by default): after an outage of a minute the next try came up to a minute
@@ -92,6 +124,58 @@ def make_pool(
         # broken by a database restart fails its statement, the caller's loop retries,
         # and the pool discards the broken connection when it comes back.
     )
+
+
+async def check_pool_url(url: str, schema: str, application_name: str) -> None:
+    """One connection as the pool makes them (without database.pooler), before the pool
+    opens: a pooler that refuses the startup options (database.url through PgBouncer,
+    database.pooler left at none) is reported at once with the fix, not as the pool's
+    timeout 30 s later. Any other failure is left to the pool, which waits for a server
+    that is down or starting."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, connect_timeout=5, **conninfo_kwargs(schema, application_name)
+        )
+    except psycopg.OperationalError as exc:
+        if hint := pooler_hint(exc):
+            raise ConveyorError(f"database.url refused Conveyor's startup options ({str(exc).strip()}){hint}") from None
+        return
+    await conn.close()
+
+
+def pooler_hint(exc: BaseException) -> str:
+    """What to do when a connection pooler refused Conveyor's startup options (PgBouncer:
+    "unsupported startup parameter: options"); empty for any other error."""
+    if "unsupported startup parameter" not in str(exc):
+        return ""
+    return (
+        ": it goes through a connection pooler; set database.pooler: transaction and database.direct_url "
+        "(DATABASE_DIRECT_URL) to PostgreSQL itself (docs/deployment.md, Connection poolers)"
+    )
+
+
+async def check_pooled_sessions(pool: AsyncConnectionPool[Any], schema: str) -> None:
+    """Behind a transaction pooler the pool's sessions get their search_path from the
+    server (the role's or database's default, or the pooler's connect_query), not from
+    Conveyor: refuse to start when it does not lead to the schema -- every named query
+    would fail, or worse, find another schema's tables of the same names."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(Q["pooled_session_settings"])).fetchone()
+    assert row is not None
+    if row["schema"] != schema:
+        raise ConveyorError(
+            f"database.pooler is 'transaction', and the sessions behind database.url have search_path "
+            f"{row['search_path']!r} (current schema {row['schema']!r}), not Conveyor's schema {schema!r}: "
+            f"a pooler cannot pass it on connection; set it on the server, e.g. "
+            f"ALTER ROLE {row['role']} IN DATABASE {row['database']} SET search_path = {schema}, public"
+        )
+    if row["idle_timeout"] == "0":
+        log.warning(
+            "the pooled sessions have no idle_in_transaction_session_timeout: a transaction left open by a "
+            "client that vanished holds its locks until the pooler drops it (set it on the server, e.g. "
+            "ALTER ROLE ... SET idle_in_transaction_session_timeout = '60s', and PgBouncer's "
+            "idle_transaction_timeout)",
+        )
 
 
 def channel(schema: str, name: str) -> str:
@@ -106,11 +190,14 @@ def listen_statement(channel_name: str) -> sql.Composed:
 
 # The server's own refusal of every new connection while it shuts down, starts or
 # recovers (SQLSTATE 57P03). libpq gives a failed connection no SQLSTATE, only text.
+# The last is a standby with hot_standby=off: with a multi-host URL, during a failover
+# it is all there is until it is promoted -- it will take connections then.
 _RESTARTING = (
     "the database system is shutting down",
     "the database system is starting up",
     "the database system is in recovery mode",
     "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
 )
 # Every connection slot taken (53300): the server is up and will take one later.
 _FULL = ("sorry, too many clients already", "remaining connection slots are reserved")

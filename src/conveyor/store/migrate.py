@@ -2,8 +2,13 @@
 
 A session-level advisory lock keyed on the schema serializes migrators; each file
 is applied in its own transaction together with its ``schema_migration`` row, so a
-crash mid-way leaves the schema at a clean version. A database migrated by a newer
-Conveyor (a version this code does not know) is refused rather than touched.
+crash mid-way leaves the schema at a clean version.
+
+A database migrated by a newer Conveyor is used only when every migration this code does
+not know declared itself compatible with a version it knows (``-- compatible-from: N``
+in the migration's first lines, recorded in ``schema_migration.compatible_from``,
+migration 0031): the previous release keeps running -- and restarting -- through a rolling
+upgrade whose migrations only expand the schema. Otherwise it is refused, never touched.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from psycopg import sql
 from conveyor.domain.errors import SchemaTooNewError
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_COMPATIBLE = re.compile(r"^--\s*compatible-from:\s*(\d+)\s*$", re.MULTILINE)
+# The migration that adds schema_migration.compatible_from: its row and later ones record it.
+COMPATIBILITY_SINCE = 31
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,14 @@ class Migration:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @property
+    def compatible_from(self) -> int:
+        """The oldest schema version whose code works once this is applied: what its
+        header declares (an expand migration), else its own version (a contract one)."""
+        header = self.text.split("\n\n", 1)[0]  # the leading comment block only
+        match = _COMPATIBLE.search(header)
+        return int(match[1]) if match else self.version
 
 
 def known_migrations() -> list[Migration]:
@@ -45,6 +61,9 @@ def known_migrations() -> list[Migration]:
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise RuntimeError(f"migrations must be numbered 0001.. without gaps, found {versions}")
+    for m in found:
+        if not 1 <= m.compatible_from <= m.version:
+            raise RuntimeError(f"migration {m.version:04d}_{m.name} declares compatible-from {m.compatible_from}")
     return found
 
 
@@ -77,11 +96,19 @@ def migrate(url: str, schema: str) -> list[Migration]:
                     continue
                 with conn.transaction():
                     conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
-                    conn.execute(
-                        "INSERT INTO schema_migration (version, name, checksum) VALUES (%s, %s, %s)",
-                        (migration.version, migration.name, migration.checksum),
-                    )
                     conn.execute(migration.text.encode())
+                    # After the text: migration 0031 adds the column its own row records.
+                    if migration.version >= COMPATIBILITY_SINCE:
+                        conn.execute(
+                            "INSERT INTO schema_migration (version, name, checksum, compatible_from)"
+                            " VALUES (%s, %s, %s, %s)",
+                            (migration.version, migration.name, migration.checksum, migration.compatible_from),
+                        )
+                    else:
+                        conn.execute(
+                            "INSERT INTO schema_migration (version, name, checksum) VALUES (%s, %s, %s)",
+                            (migration.version, migration.name, migration.checksum),
+                        )
                 applied.append(migration)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema),))
@@ -115,9 +142,9 @@ def migration_states(url: str, schema: str) -> list[MigrationState]:
         # What `migrate --status` and `--dry-run` promise (nothing applied) is then the
         # server's to enforce, not only this code's.
         conn.execute("SET default_transaction_read_only = on")
-        records = _records(conn, schema) if _has_migration_table(conn, schema) else {}
-    _check({version: checksum for version, (checksum, _) in records.items()}, migrations, schema)
-    return [MigrationState(m, records[m.version][1] if m.version in records else None) for m in migrations]
+        records = _applied(conn, schema) if _has_migration_table(conn, schema) else {}
+    _check(records, migrations, schema)
+    return [MigrationState(m, records[m.version].applied if m.version in records else None) for m in migrations]
 
 
 def _has_migration_table(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
@@ -125,27 +152,43 @@ def _has_migration_table(conn: psycopg.Connection[tuple[object, ...]], schema: s
     return bool(row and row[0])
 
 
-def _applied(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, str]:
-    return {version: checksum for version, (checksum, _) in _records(conn, schema).items()}
+@dataclass(frozen=True)
+class Applied:
+    """A migration as ``schema_migration`` recorded it."""
+
+    checksum: str
+    applied: datetime
+    compatible_from: int  # its own version when it declared nothing (or predates 0031)
 
 
-def _records(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, tuple[str, datetime]]:
-    """version -> (checksum, when applied), as ``schema_migration`` recorded them."""
+def _applied(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, Applied]:
+    """version -> what ``schema_migration`` recorded. ``to_jsonb`` reads compatible_from on
+    a schema that has the column and NULL on one migrated before 0031 alike."""
     rows = conn.execute(
-        sql.SQL("SELECT version, checksum, applied FROM {}.schema_migration").format(sql.Identifier(schema))
+        sql.SQL(
+            "SELECT version, checksum, applied, (to_jsonb(m) ->> 'compatible_from')::integer FROM {}.schema_migration m"
+        ).format(sql.Identifier(schema))
     ).fetchall()
-    return {int(str(v)): (str(c), cast(datetime, a)) for v, c, a in rows}  # applied: timestamptz NOT NULL
+    found = {}
+    for v, c, a, compatible in rows:
+        version = int(str(v))
+        since = int(str(compatible)) if compatible is not None else version
+        found[version] = Applied(str(c), cast(datetime, a), since)  # applied: timestamptz NOT NULL
+    return found
 
 
-def _check(done: dict[int, str], migrations: list[Migration], schema: str) -> None:
+def _check(done: dict[int, Applied], migrations: list[Migration], schema: str) -> None:
     newest = migrations[-1].version if migrations else 0
-    if done and max(done) > newest:
+    unknown = sorted(v for v in done if v > newest)
+    blocking = [v for v in unknown if done[v].compatible_from > newest]
+    if blocking:
         raise SchemaTooNewError(
-            f"schema {schema!r} is at version {max(done)}, newer than this Conveyor knows ({newest}); "
+            f"schema {schema!r} is at version {max(done)}, newer than this Conveyor knows ({newest}), and "
+            f"migration {blocking[0]} needs code that knows version {done[blocking[0]].compatible_from}; "
             "upgrade Conveyor before running it against this database"
         )
     for migration in migrations:
-        if migration.version in done and done[migration.version] != migration.checksum:
+        if migration.version in done and done[migration.version].checksum != migration.checksum:
             raise SchemaTooNewError(
                 f"migration {migration.version:04d}_{migration.name} in schema {schema!r} differs from "
                 "this Conveyor's copy; migrations are immutable once applied"

@@ -1,8 +1,11 @@
 """Dead letters coming from RabbitMQ: turning a message into a ``DeadLetter`` record,
 and the consumer of the dead-letter queue.
 
-The consumer acknowledges only after the handler committed. A database outage
-requeues the message (after a pause, so an outage is not a hot loop); any other
+The consumer acknowledges only after the handler committed. During a database outage
+it keeps the message and tries again every ``OUTAGE_PAUSE`` until the database is back:
+giving it back to the queue would count as a delivery on RabbitMQ 4.0-4.2, whose quorum
+queues have a default delivery limit of 20, and the dead-letter queue has no dead-letter
+exchange of its own -- an outage of half a minute would drop dead letters. Any other
 failure is retried up to ``dead_letter.max_deliveries`` deliveries, then the message is
 recorded as poison -- left pending for an operator -- and acknowledged. A malformed
 message is recorded as invalid by the handler itself: nothing here can crash-loop.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -113,10 +117,7 @@ class DeadLetterConsumer:
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         dead_letter = dead_letter_from_message(message)
         try:
-            await self._sink.handle(dead_letter)
-        except psycopg.OperationalError as exc:
-            await self._requeue_after_outage(message, exc)
-            return
+            await self._until_database_answers(lambda: self._sink.handle(dead_letter))
         except Exception as exc:  # a handler bug must not crash-loop the consumer
             error = f"{type(exc).__name__}: {exc}"
             if dead_letter.delivery_count + 1 < self._max:
@@ -128,10 +129,7 @@ class DeadLetterConsumer:
                 await message.reject(requeue=True)
                 return
             try:
-                await self._sink.record_unresolved(dead_letter.as_poison(error))
-            except psycopg.OperationalError as outage:
-                await self._requeue_after_outage(message, outage)
-                return
+                await self._until_database_answers(lambda: self._sink.record_unresolved(dead_letter.as_poison(error)))
             except Exception:  # even the record fails: logged with the body, then let go
                 log.exception("poison dead letter could not be recorded; dropped", message_id=dead_letter.message_id,
                               body=dead_letter.body[:2000].decode("utf-8", "replace"), error=error)  # fmt: skip
@@ -142,8 +140,15 @@ class DeadLetterConsumer:
         await message.ack()
 
     @staticmethod
-    async def _requeue_after_outage(message: AbstractIncomingMessage, exc: Exception) -> None:
-        log.warning("database unreachable; dead letter requeued", error=str(exc).strip())
-        transport_error("rabbitmq", "consume")
-        await asyncio.sleep(OUTAGE_PAUSE)
-        await message.nack(requeue=True)  # not the letter's fault: RabbitMQ >= 4.3 does not count a nack
+    async def _until_database_answers(step: Callable[[], Awaitable[object]]) -> None:
+        """Run ``step``, again after each database outage, until it gets through (the
+        message stays unacknowledged meanwhile; if our broker connection drops, the
+        broker gives it to another consumer, and the handling is idempotent)."""
+        while True:
+            try:
+                await step()
+                return
+            except psycopg.OperationalError as exc:
+                log.warning("database unreachable; dead letter kept, handled when it returns", error=str(exc).strip())
+                transport_error("rabbitmq", "consume")
+                await asyncio.sleep(OUTAGE_PAUSE)

@@ -73,7 +73,8 @@ class DeadLetterSink(Protocol):
 
     async def handle(self, dead_letter: DeadLetter) -> str:
         """Record and resolve; return the resolution. Raises psycopg.OperationalError
-        when the database is unreachable (the message is then requeued)."""
+        when the database is unreachable (the message is kept and handled again once it
+        answers)."""
 
     async def record_unresolved(self, dead_letter: DeadLetter) -> None:
         """Record a dead letter that could not be resolved (poison), left pending."""

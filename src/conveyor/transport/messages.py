@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from conveyor.domain import jsontext
 from conveyor.domain.dead_letters import REASONS as _REASONS
 from conveyor.transport.base import Topic
 
@@ -88,13 +89,9 @@ def encode(message_id: str, message_type: str, payload: dict[str, Any], created:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def strict_json(body: bytes) -> Any:
     """JSON as RFC 8259 and PostgreSQL's jsonb take it: no NaN or Infinity."""
-    return json.loads(body, parse_constant=_no_constants)
+    return jsontext.loads(body)
 
 
 def decode(body: bytes) -> Envelope:

@@ -18,7 +18,17 @@ Topology (``<p>`` = ``message_queue.prefix``, ``<dlx>`` = ``dead_letter.exchange
 - ``execution.completed`` goes to an exclusive queue per subscribing process.
 
 Every durable queue dead-letters into ``<dlx>`` and has ``x-delivery-limit``: a message
-whose consumers keep dying is dead-lettered instead of looping.
+whose consumers keep dying is dead-lettered instead of looping (set explicitly: RabbitMQ
+4.0 gives quorum queues a default of 20). Worker queues dead-letter *at least once*
+(``x-dead-letter-strategy``, with the ``x-overflow: reject-publish`` it requires): an
+expired dispatch is not lost between its queue and the dead-letter queue when a node fails.
+
+A cluster is given as several URLs (``message_queue.url``, comma-separated): each process
+starts at a random node and, at every reconnection, tries the next one first, so the
+processes of a fleet spread over the nodes and one whose node died moves to another.
+Quorum queues are replicated on the cluster's nodes by RabbitMQ itself. (aio-pika's
+``connect_robust`` would reconnect to its one URL only, and restore consumers without
+the declarations and the catch-up read a new session does here: hence this loop.)
 
 Requests made in SQL (``request_execution()``) and the SDK's waits keep using NOTIFY,
 which needs no broker: executors also listen for ``<schema>.requested``, and completions
@@ -29,10 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aio_pika
 import structlog
@@ -56,6 +69,26 @@ log = structlog.get_logger(__name__)
 BROKER_ERRORS = (*CONNECTION_EXCEPTIONS, AMQPError, asyncio.TimeoutError)
 
 
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], start: int) -> list[T]:
+    """``items`` from ``start`` (modulo their number) on, wrapping round."""
+    if not items:
+        return []
+    k = start % len(items)
+    return [*items[k:], *items[:k]]
+
+
+def node_of(url: str) -> str:
+    """``host:port`` of an AMQP URL, for logs (no credentials)."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.hostname}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"
+    except ValueError:
+        return "(invalid URL)"
+
+
 class RabbitMQTransport(Transport):
     kind = "rabbitmq"
 
@@ -77,6 +110,9 @@ class RabbitMQTransport(Transport):
         self._connection: AbstractRobustConnection | None = None
         self._publish_channel: AbstractChannel | None = None
         self._declared: dict[int, float] = {}  # worker queue -> when this session declared it
+        # Where the first connection attempt starts in the list of nodes: a random node, so
+        # the processes of a fleet spread over the cluster.
+        self._next = random.randrange(len(self._mq.urls))
 
     # -- subscribing -----------------------------------------------------------------
 
@@ -134,28 +170,49 @@ class RabbitMQTransport(Transport):
 
     # -- the broker session ----------------------------------------------------------
 
-    async def _broker_loop(self) -> None:
-        delay = 0.2
-        while True:
+    async def _connect(self) -> tuple[Any, int]:
+        """A connection to the first node that answers, trying them from ``self._next``
+        on; the connected node's index. Raises the last error when none answers."""
+        urls = self._mq.urls
+        error: BaseException | None = None
+        for index in rotated(range(len(urls)), self._next):
             try:
                 connection = await aio_pika.connect(
-                    self._mq.url,
+                    urls[index],
                     timeout=10,
                     client_properties={"connection_name": self._application_name},
                     heartbeat=self._mq.rabbitmq.heartbeat,
                 )
+            except BROKER_ERRORS as exc:
+                error = exc
+                if len(urls) > 1:
+                    log.info("RabbitMQ node unreachable; trying the next", node=node_of(urls[index]),
+                             error=str(exc) or type(exc).__name__)  # fmt: skip
+                continue
+            return connection, index
+        assert error is not None
+        raise error
+
+    async def _broker_loop(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                connection, index = await self._connect()
             except BROKER_ERRORS as exc:
                 log.warning("cannot reach RabbitMQ; retrying", error=str(exc) or type(exc).__name__, retry_in=delay)
                 transport_error("rabbitmq", "connect")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            # The next connection starts with the next node: when this one is lost, its
+            # node may be what failed, and a restarted fleet still spreads over the cluster.
+            self._next = index + 1
             closed = asyncio.Event()
             connection.close_callbacks.add(lambda *_, closed=closed: closed.set())
             try:
                 async with connection:
-                    self._connection = connection  # type: ignore[assignment]
-                    await self._session(connection, closed)
+                    self._connection = connection
+                    await self._session(connection, closed, node_of(self._mq.urls[index]))
             except BROKER_ERRORS as exc:
                 log.warning("RabbitMQ connection lost; reconnecting", error=str(exc) or type(exc).__name__)
                 transport_error("rabbitmq", "consume")
@@ -167,7 +224,7 @@ class RabbitMQTransport(Transport):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _session(self, connection: Any, closed: asyncio.Event) -> None:
+    async def _session(self, connection: Any, closed: asyncio.Event, node: str) -> None:
         publish = await connection.channel(publisher_confirms=True)
         await self._declare_shared(publish)
         self._publish_channel = publish
@@ -191,7 +248,7 @@ class RabbitMQTransport(Transport):
             consumer = DeadLetterConsumer(self._sink, self._settings.dead_letter.max_deliveries)
             await dlq.consume(consumer.on_message)
         self._broker_up = True
-        log.info("connected to RabbitMQ", workers=sorted(self._workers), executor=bool(executor_keys))
+        log.info("connected to RabbitMQ", node=node, workers=sorted(self._workers), executor=bool(executor_keys))
         # Anything that happened while we were away is found by the consumers' next read.
         for bells in self._bells.values():
             for bell in bells:
@@ -260,7 +317,14 @@ class RabbitMQTransport(Transport):
 
     def worker_queue_args(self) -> dict[str, Any]:
         cfg = self._mq.rabbitmq
-        return self._queue_args(**{"x-message-ttl": cfg.worker_queue_ttl_ms, "x-expires": cfg.worker_queue_expires_ms})
+        extra: dict[str, Any] = {"x-message-ttl": cfg.worker_queue_ttl_ms, "x-expires": cfg.worker_queue_expires_ms}
+        if cfg.dead_letter_strategy == "at-least-once":
+            # An expired dispatch stays in its queue until the dead-letter queue confirmed
+            # it (a node failure in between loses nothing). RabbitMQ applies the strategy
+            # only with overflow reject-publish (else it falls back to at-most-once);
+            # worker queues have no length limit, so no publish is ever rejected for it.
+            extra |= {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+        return self._queue_args(**extra)
 
     async def declare_worker_queue(self, worker_id: int, *, owner: bool) -> None:
         """Declare a worker's queue, as its owner (the worker) or before publishing to it

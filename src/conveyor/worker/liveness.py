@@ -8,7 +8,10 @@ signals from it:
   the session and the lock with it, and the worker is dead *now* -- told from a
   session dropped alone by the process's other sessions (its pool, its listener),
   which carry the same tag in their application_name (store/db.py, migration 0022):
-  a dead process has none left, a live one keeps its lock_grace;
+  a dead process has none left, a live one keeps its lock_grace. Behind a transaction
+  pooler (database.pooler) the pool's server sessions are shared and do not count
+  (tagged ``<tag>``): only the direct ones do, the listener on the postgres transport;
+  this connection always goes direct (database.direct_url);
 - the heartbeat: older than the worker's own ``stale_after`` (interval x multiplier)
   means dead even when the lock lingers (a partition, a hung process). Keepalives on
   both ends of this connection make the server drop a vanished host's session after
@@ -80,6 +83,7 @@ class Liveness:
         registration: dict[str, Any],
         on_lost: Callable[[str], Awaitable[None]],
         on_rejoined: Callable[[], Awaitable[None]],
+        on_new_server: Callable[[], None] | None = None,
         lease: Lease | None = None,
     ) -> None:
         # The isolated actions' lease (runners/isolated.py): renewed with last_ok, so that
@@ -97,6 +101,7 @@ class Liveness:
         }
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
+        self._on_new_server = on_new_server
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
         self.worker_id: int | None = None
         self.lock_epoch: Any = None  # the server epoch our lock was taken in (migration 0011)
@@ -343,7 +348,12 @@ class Liveness:
             # Our row was marked dead while we were away: whatever we still run was recovered.
             await self._lost("declared dead while disconnected")
         self.worker_id = int(row["id"])
+        renewed = self.lock_epoch is not None and row["lock_epoch"] != self.lock_epoch
         self.lock_epoch = row["lock_epoch"]
+        if renewed and self._on_new_server is not None:
+            # Another server lifetime: a restart keeps every commit, a failover to a
+            # lagging standby does not -- the worker checks what the database says it runs.
+            self._on_new_server()
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

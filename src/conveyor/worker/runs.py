@@ -10,6 +10,7 @@ released) is read from it.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -74,3 +75,29 @@ class Runs:
 
     def ids(self) -> set[int]:
         return {r.execution_id for r in self._runs.values()}
+
+
+class Ran:
+    """The (execution, attempt) pairs this process started, the last ``size`` of them.
+
+    After a failover to a standby that lacked the last commits (asynchronous replication),
+    the database can show an execution running on this worker whose result the worker
+    wrote and forgot: that result was acknowledged by the old primary only. Told apart by
+    this memory from a claim that committed unanswered (nothing ran it), it is not run
+    again under the same attempt but left to recovery and its lost-worker policy."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._size = size
+        self._order: deque[tuple[int, int]] = deque()
+        self._keys: set[tuple[int, int]] = set()
+
+    def add(self, key: tuple[int, int]) -> None:
+        if key in self._keys:
+            return
+        self._keys.add(key)
+        self._order.append(key)
+        if len(self._order) > self._size:
+            self._keys.discard(self._order.popleft())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys

@@ -53,7 +53,7 @@ from conveyor.worker.output import OutputWriter
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated, warm_up
-from conveyor.worker.runs import Run, Runs, RunState
+from conveyor.worker.runs import Ran, Run, Runs, RunState
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ class WorkerService:
     def __init__(
         self,
         settings: Settings,
-        url: str,
+        direct_url: str,  # the liveness session's (database.direct_url): never through a pooler
         pool: AsyncConnectionPool[Any],
         transport: Transport,
         actions: list[ActionDefinition],
@@ -87,6 +87,7 @@ class WorkerService:
         # One record per run, from its claim until its result is handed to the writer or,
         # stopped without one, it is released (runs.py).
         self._runs = Runs()
+        self._ran = Ran()  # what this process started: a forgotten result is told from an unknown claim
         self._tasks: asyncio.TaskGroup | None = None  # supervises every task of run()
         self._results = ResultWriter(pool, self.name, refill=self)
         self._output = OutputWriter(pool, self.name, limit=self.cfg.output_limit, interval=self.cfg.output_interval)
@@ -100,7 +101,7 @@ class WorkerService:
         # The fork server imports the modules of the actions that may run isolated, once.
         preload(name.partition(":")[0] for a in actions if a.runner_type == "python" and (name := entry_point(a)))
         self._liveness = Liveness(
-            url,
+            direct_url,
             settings.database.schema_name,
             self.cfg,
             {
@@ -117,6 +118,7 @@ class WorkerService:
             },
             on_lost=self._stop_everything,
             on_rejoined=self._detach_stopped,
+            on_new_server=self._server_changed,
             lease=self._lease,
         )
         self._on_worker_lost = settings.recovery.on_worker_lost
@@ -257,6 +259,13 @@ class WorkerService:
         return self._tasks.create_task(coro, name=name)
 
     def _start(self, row: ClaimedRun) -> None:
+        if self._runs.get(row.id, row.attempt) is not None:
+            # Claimed again while it runs: the database went back to before this run's
+            # claim (a failover lost it). The run goes on; its result completes the row.
+            log.warning("claimed an execution this worker already runs; not starting it twice",
+                        execution_id=row.id, attempt=row.attempt, worker=self.name)  # fmt: skip
+            return
+        self._ran.add((row.id, row.attempt))
         run = self._runs.add(row.id, row.attempt, row.settings)
         run.task = self._spawn(self._execute(run, row), f"execution-{row.id}")
         run.task.add_done_callback(lambda task: self._cancelled_before_start(run, task))
@@ -292,16 +301,34 @@ class WorkerService:
             elif eid not in self._results.pending:
                 self._results.put(_cancelled(eid, attempt))
 
+    def _server_changed(self) -> None:
+        """Registered with another server lifetime (a restart, or a failover): look, as
+        after an unanswered claim, for rows running here that this worker does not know."""
+        self._claim_in_doubt = True
+        self._bell.ring()
+
     async def _start_unknown_claims(self) -> None:
-        """After a claim whose commit went unanswered, before any other claim: rows it did
-        move to running on this worker would stay there (the worker is alive, so recovery
-        leaves them). Nothing ran them: run them now, under the attempt they were claimed for."""
+        """After a claim whose commit went unanswered (or a new server), before any other
+        claim: rows it did move to running on this worker would stay there (the worker is
+        alive, so recovery leaves them). Nothing ran them: run them now, under the attempt
+        they were claimed for. Those this process did run had their result forgotten by
+        the database (a failover to a standby that lacked it): run again under the same
+        attempt they would run twice unseen, left running they would be stuck -- they are
+        left to recovery, which applies the lost-worker policy (a new attempt, or abandoned)."""
         known = [*self._runs.ids(), *self._results.pending]
         async with self._pool.connection() as conn:
             params = {"worker": self.worker_id, "known": known}
             cursor = conn.cursor(row_factory=class_row(ClaimedRun))
             await cursor.execute(Q["unknown_claims"], params)
             rows: list[ClaimedRun] = await cursor.fetchall()
+            forgotten = [r for r in rows if (r.id, r.attempt) in self._ran]
+            if forgotten:
+                detach = {"ids": [r.id for r in forgotten], "attempts": [r.attempt for r in forgotten],
+                          "worker": self.worker_id}  # fmt: skip
+                await conn.execute(Q["detach_runs"], detach)
+                log.error("the database forgot results this worker wrote (a failover to a standby that "
+                          "lacked them); left to recovery", execution_ids=detach["ids"], worker=self.name)  # fmt: skip
+        rows = [r for r in rows if (r.id, r.attempt) not in self._ran]
         self._claim_in_doubt = False
         for row in rows:
             self._start(row)

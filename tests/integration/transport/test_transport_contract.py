@@ -191,9 +191,13 @@ async def test_reconciler_publishes_again_what_waits_too_long(
     )
     worker = await make_worker(pool, "forgotten")
     async with pool.connection() as conn, conn.transaction():
-        (eid,) = await make_dispatches(conn, worker)  # no publish: the message is lost
+        (eid,) = await make_dispatches(conn, worker)  # its message is lost (below)
         await conn.execute("UPDATE execution SET scheduled = now() - interval '1 second' WHERE id = %s", (eid,))
         await conn.execute("INSERT INTO execution (action_ref) VALUES ('core.noop')")  # waits from now on
+    async with pool.connection() as conn:
+        # Lost: the outbox row written at commit goes too (else the relay published it as
+        # soon as it started and the first reconcile had nothing to do: a flake seen in CI).
+        await conn.execute("DELETE FROM outbox WHERE execution = %s", (eid,))
     executor_side = new_transport(settings, db_url, pool, relay=True)
     worker_side = new_transport(settings, db_url, pool, relay=False)
     worker_bell, executor_bell = RecordingBell(), RecordingBell()

@@ -2879,8 +2879,12 @@ CREATE TABLE conveyor.schema_migration (
     version integer NOT NULL,
     name text NOT NULL,
     checksum text NOT NULL,
-    applied timestamp with time zone DEFAULT now() NOT NULL
+    applied timestamp with time zone DEFAULT now() NOT NULL,
+    compatible_from integer,
+    CONSTRAINT schema_migration_check CHECK (((compatible_from >= 1) AND (compatible_from <= version)))
 );
+
+COMMENT ON COLUMN conveyor.schema_migration.compatible_from IS 'oldest schema version whose code may run once this migration is applied (NULL: this version)';
 
 CREATE UNLOGGED TABLE conveyor.server_epoch (
     singleton boolean DEFAULT true NOT NULL,

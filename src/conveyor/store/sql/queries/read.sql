@@ -56,3 +56,10 @@ LEFT JOIN LATERAL (
 ) o ON true
 WHERE e.id = %(id)s
 ORDER BY o.id;
+
+-- name: pooled_session_settings
+-- What a session behind a transaction pooler got from the server (database.pooler): its
+-- search_path must lead to Conveyor's schema, since no startup option can set it.
+SELECT current_schema() AS schema, current_setting('search_path') AS search_path,
+       quote_ident(current_user) AS role, quote_ident(current_database()) AS database,
+       current_setting('idle_in_transaction_session_timeout') AS idle_timeout;

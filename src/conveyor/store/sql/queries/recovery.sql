@@ -42,6 +42,8 @@ WITH held AS (
       AND l.classid = worker_lock_class()::oid
 ), alive AS (
     -- The process tags ("... [tag]", conveyor.store.db.tagged) of this database's sessions.
+    -- Sessions behind a transaction pooler are tagged "<tag>" and not matched: the pooler
+    -- lends them to any process, so they say nothing of one being alive.
     SELECT DISTINCT substring(s.application_name FROM '\[([0-9a-f]{12})\]') AS tag
     FROM pg_stat_activity s WHERE s.datname = current_database()
 )
