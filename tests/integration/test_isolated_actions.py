@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import signal
 import statistics
@@ -102,6 +103,20 @@ async def test_cancel_kills_the_child(lease: Lease, tmp_path: Path) -> None:
         await task
     assert task.cancelled()
     assert _gone(pid), "the child outlived its cancelled run"
+
+
+async def test_cancel_while_the_child_starts_kills_it(lease: Lease, tmp_path: Path) -> None:
+    task = asyncio.create_task(_run("iso.sleepy", {"seconds": 60, "pid_file": str(tmp_path / "pid")}, lease))
+    await asyncio.sleep(0)  # the run is now waiting for the thread that starts its child
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    # A child left running would have written its pid by now (about 10-50 ms after its start).
+    await asyncio.sleep(1.0)
+    pid_file = tmp_path / "pid"
+    assert not pid_file.exists() or _gone(int(pid_file.read_text())), "the child outlived its cancelled start"
+    assert [p for p in multiprocessing.active_children() if p.name == "conveyor-action"] == []
 
 
 async def test_timeout_kills_the_child(lease: Lease, tmp_path: Path) -> None:

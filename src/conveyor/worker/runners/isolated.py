@@ -101,8 +101,13 @@ class _Child:
         reader, writer = _ctx.Pipe(duplex=False)
         process = _ctx.Process(target=child.main, args=(writer, *target_args), daemon=False,
                                name="conveyor-action")  # fmt: skip
-        process.start()
-        writer.close()  # the child holds the only write end: its death is our EOF
+        try:
+            process.start()
+        except BaseException:
+            reader.close()
+            raise
+        finally:
+            writer.close()  # the child holds the only write end: its death is our EOF
         self.process = process
         threading.Thread(target=self._read, args=(reader,), name="conveyor-action-pipe", daemon=True).start()
         # Its exit is watched apart from the pipe: a process the action forked may hold the
@@ -237,8 +242,17 @@ async def run_isolated(
     ctx = current()
     proc = _Child(ctx.output)
     args = (name, parameters, (ctx.execution_id, ctx.attempt, ctx.worker), lease.deadline)
+    starting = asyncio.ensure_future(asyncio.to_thread(proc.start, args))
     try:
-        await asyncio.to_thread(proc.start, args)
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # Cancelled while the thread starts it: the child may be up all the same.
+        with contextlib.suppress(Exception):
+            await starting
+        if proc.process is not None:
+            await proc.stop(kill_grace)
+            proc.sweep()
+        raise
     except Exception as e:  # e.g. parameters that cannot be pickled, no fork server
         return failed(f"cannot start the action's process: {type(e).__name__}: {e}")
     try:
