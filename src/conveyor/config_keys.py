@@ -222,6 +222,7 @@ _CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S
 
 # Between two URLs of a list: a comma followed by a scheme (a comma inside a password or
 # a query is not followed by one).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _URL_LIST_SEP = re.compile(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
@@ -237,7 +238,7 @@ def mask_secrets(text: str) -> str:
     if len(urls := split_urls(text)) > 1:
         return ",".join(mask_secrets(u) for u in urls)
     scheme, sep, rest = text.partition("://")
-    if not sep:
+    if not sep or not _SCHEME.fullmatch(scheme.strip()):  # "password=://x" is a conninfo, not a URL
         return _CONNINFO_PASSWORD.sub(r"\1***", text)
     # The authority ends at the first /, ? or # after the last @ (a password may hold them).
     start = rest.rfind("@") + 1

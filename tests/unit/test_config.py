@@ -184,6 +184,7 @@ def test_postgresql_urls_and_conninfo_are_accepted(monkeypatch: pytest.MonkeyPat
         ("amqp://guest:secret@127.0.0.1:5672/", "amqp://guest:***@127.0.0.1:5672/"),
         ("postgresql://u:se/cr?et@h/db", "postgresql://u:***@h/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("host=h password=:// dbname=db", "host=h password=*** dbname=db"),  # found by the property below
     ],
 )
 def test_passwords_are_masked(url: str, masked: str) -> None:
