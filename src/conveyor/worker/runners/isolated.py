@@ -85,7 +85,7 @@ def entry_point(definition: ActionDefinition) -> str | None:
 
 
 class _Child:
-    """A started child and the thread reading its pipe."""
+    """A started child, the thread reading its pipe and the one waiting for its exit."""
 
     def __init__(self, on_log: Callable[[str, bytes], None] | None) -> None:
         loop = asyncio.get_running_loop()
