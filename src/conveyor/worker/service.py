@@ -39,17 +39,18 @@ from conveyor.actions.registry import ActionDefinition
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.models import ActionResult
-from conveyor.domain.outcome import AttemptEnd, after_interrupted, after_run, cancelled
+from conveyor.domain.outcome import AttemptEnd, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
-from conveyor.domain.status import ExecutionStatus, InactiveReason, WorkerStatus
+from conveyor.domain.status import InactiveReason
 from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
-from conveyor.store.rows import ClaimedRun, Decisions, action_row
+from conveyor.store.rows import ClaimedRun, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
 from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
 from conveyor.worker.naming import default_worker_name
 from conveyor.worker.output import OutputWriter
+from conveyor.worker.releasing import Releasing
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated, warm_up
@@ -61,7 +62,7 @@ log = structlog.get_logger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 
 
-class WorkerService:
+class WorkerService(Releasing):
     def __init__(
         self,
         settings: Settings,
@@ -386,90 +387,11 @@ class WorkerService:
         return await run_python(definition, row.parameters, timeout=timeout, executor=self._threads,
                                 output_limit=self.cfg.output_limit)  # fmt: skip
 
-    # -- losing work, releasing it ---------------------------------------------------
-
-    async def _stop_everything(self, reason: str) -> None:
-        """Stop every execution (process groups killed by the runners); each is remembered
-        for release. Those already recovered elsewhere are refused by the fence then."""
-        tasks = [run.task for run in self._runs.active() if run.task is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-            log.warning("stopped executions", count=len(tasks), reason=reason, worker=self.name)
-
-    async def _detach_stopped(self) -> None:
-        """After losing its standing: hand the stopped executions to the executors' sweep,
-        which applies the lost-worker policy (re-run with backoff, or abandon)."""
-        stopped = self._runs.stopped()
-        if not stopped:
-            return
-        params = {"ids": [r.execution_id for r in stopped], "attempts": [r.attempt for r in stopped],
-                  "worker": self.worker_id}  # fmt: skip
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(Q["detach_runs"], params)).fetchall()
-        self._runs.released(stopped)
-        log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
-
-    async def _release_interrupted(self) -> None:
-        """At shutdown: running -> requested for what was stopped (outcome interrupted), or
-        abandoned for actions that must not run twice; fenced on (worker, attempt)."""
-        stopped = self._runs.stopped()
-        if not stopped:
-            return
-        decisions = Decisions()
-        for run in stopped:
-            decisions.add({"id": run.execution_id, "attempt": run.attempt},
-                          after_interrupted(run.metadata, self._on_worker_lost))  # fmt: skip
-        params = decisions.params(
-            AttemptEnd.INTERRUPTED, by="worker", from_statuses=(ExecutionStatus.RUNNING,), worker=self.worker_id
-        )
-        async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
-        ended = [r["id"] for r in rows if r["status"] != ExecutionStatus.REQUESTED]
-        self._runs.released(stopped)
-        log.warning("released interrupted executions", count=len(rows), abandoned=len(ended))
-
-    # -- shutdown ---------------------------------------------------------------------
-
-    async def _drain(self, fast_stop: asyncio.Event) -> None:
-        """Graceful part of shutdown: no new work, hand back what has not started,
-        give running work ``shutdown_timeout`` to finish, then stop and release it."""
-        self._liveness.begin_draining()
-        try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
-                draining = {"id": self.worker_id, "status": WorkerStatus.DRAINING, "reason": None}
-                await conn.execute(Q["set_worker_status"], draining)
-                back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
-            if back:
-                log.info("handed back scheduled executions", count=len(back))
-        except psycopg.OperationalError as exc:
-            log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
-        if active := self._runs.active():
-            log.info("waiting for running executions", count=len(active), timeout=self.cfg.shutdown_timeout)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.shutdown_timeout
-        while self._runs.active() and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
-            fast = self._spawn(_wait_for(fast_stop), "worker-fast-stop")
-            tasks = [run.task for run in self._runs.active() if run.task is not None]
-            await asyncio.wait([*tasks, fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            fast.cancel()
-        await self._stop_everything("shutdown")
-        try:
-            await self._release_interrupted()
-        except psycopg.OperationalError as exc:
-            log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
-
 
 def _cancelled(eid: int, attempt: int) -> Finished:
     decision = cancelled()
     result = {"succeeded": False, "error": decision.error}
     return Finished(eid, attempt, AttemptEnd.CANCELLED, decision, result, decision.error)
-
-
-async def _wait_for(event: asyncio.Event) -> None:
-    await event.wait()
 
 
 async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:

@@ -1,0 +1,117 @@
+"""How a worker lets go of its work: when it loses its standing (stop every run, then hand
+the stopped ones to recovery) and when it shuts down (drain, then release what is left).
+
+A part of WorkerService (service.py), apart so that each file stays readable: the
+attributes below are the service's own, set in its ``__init__``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+import psycopg
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.config import WorkerSettings
+from conveyor.domain.outcome import AttemptEnd, after_interrupted
+from conveyor.domain.status import ExecutionStatus, WorkerStatus
+from conveyor.store.queries import Q
+from conveyor.store.rows import Decisions
+from conveyor.worker.liveness import Liveness
+from conveyor.worker.runs import Runs
+
+log = structlog.get_logger(__name__)
+
+
+class Releasing:
+    name: str
+    cfg: WorkerSettings
+    _pool: AsyncConnectionPool[Any]
+    _runs: Runs
+    _liveness: Liveness
+    _on_worker_lost: Literal["retry", "abandon"]
+
+    @property
+    def worker_id(self) -> int | None:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        raise NotImplementedError
+
+    async def _stop_everything(self, reason: str) -> None:
+        """Stop every execution (process groups killed by the runners); each is remembered
+        for release. Those already recovered elsewhere are refused by the fence then."""
+        tasks = [run.task for run in self._runs.active() if run.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            log.warning("stopped executions", count=len(tasks), reason=reason, worker=self.name)
+
+    async def _detach_stopped(self) -> None:
+        """After losing its standing: hand the stopped executions to the executors' sweep,
+        which applies the lost-worker policy (re-run with backoff, or abandon)."""
+        stopped = self._runs.stopped()
+        if not stopped:
+            return
+        params = {"ids": [r.execution_id for r in stopped], "attempts": [r.attempt for r in stopped],
+                  "worker": self.worker_id}  # fmt: skip
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(Q["detach_runs"], params)).fetchall()
+        self._runs.released(stopped)
+        log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
+
+    async def _release_interrupted(self) -> None:
+        """At shutdown: running -> requested for what was stopped (outcome interrupted), or
+        abandoned for actions that must not run twice; fenced on (worker, attempt)."""
+        stopped = self._runs.stopped()
+        if not stopped:
+            return
+        decisions = Decisions()
+        for run in stopped:
+            decisions.add({"id": run.execution_id, "attempt": run.attempt},
+                          after_interrupted(run.metadata, self._on_worker_lost))  # fmt: skip
+        params = decisions.params(
+            AttemptEnd.INTERRUPTED, by="worker", from_statuses=(ExecutionStatus.RUNNING,), worker=self.worker_id
+        )
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+        ended = [r["id"] for r in rows if r["status"] != ExecutionStatus.REQUESTED]
+        self._runs.released(stopped)
+        log.warning("released interrupted executions", count=len(rows), abandoned=len(ended))
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    async def _drain(self, fast_stop: asyncio.Event) -> None:
+        """Graceful part of shutdown: no new work, hand back what has not started,
+        give running work ``shutdown_timeout`` to finish, then stop and release it."""
+        self._liveness.begin_draining()
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
+                draining = {"id": self.worker_id, "status": WorkerStatus.DRAINING, "reason": None}
+                await conn.execute(Q["set_worker_status"], draining)
+                back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
+            if back:
+                log.info("handed back scheduled executions", count=len(back))
+        except psycopg.OperationalError as exc:
+            log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
+        if active := self._runs.active():
+            log.info("waiting for running executions", count=len(active), timeout=self.cfg.shutdown_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.shutdown_timeout
+        while self._runs.active() and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
+            fast = self._spawn(_wait_for(fast_stop), "worker-fast-stop")
+            tasks = [run.task for run in self._runs.active() if run.task is not None]
+            await asyncio.wait([*tasks, fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            fast.cancel()
+        await self._stop_everything("shutdown")
+        try:
+            await self._release_interrupted()
+        except psycopg.OperationalError as exc:
+            log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
+
+
+async def _wait_for(event: asyncio.Event) -> None:
+    await event.wait()
