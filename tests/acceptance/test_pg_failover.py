@@ -107,7 +107,11 @@ def _rows(url: str, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, 
 
 class Requester(threading.Thread):
     """Requests executions one commit at a time through the multi-host URL, as a client
-    would: a failed commit is not acknowledged, and is retried after reconnecting."""
+    should: each request carries an idempotency key, and a failed commit is retried with
+    the same key after reconnecting. A commit the crash cut off after it was made durable
+    (replicated) but before its answer came back is then answered with its execution,
+    not requested twice -- without the key, the retry made a second one, which the test
+    once saw in CI as an execution nobody was told of."""
 
     def __init__(self, url: str) -> None:
         super().__init__(name="requester", daemon=True)
@@ -129,7 +133,8 @@ class Requester(threading.Thread):
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
-                eid = request_execution(conn, "failover.step", {"seconds": 0.2})
+                key = f"failover-{len(self.acked)}"
+                eid = request_execution(conn, "failover.step", {"seconds": 0.2}, idempotency_key=key)
                 self.acked.append((eid, time.time()))
                 time.sleep(1 / RATE)
             except psycopg.OperationalError:
