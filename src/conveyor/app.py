@@ -26,6 +26,7 @@ from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
 from conveyor.health import HealthServer
 from conveyor.store.db import (
+    IDLE_IN_TRANSACTION,
     check_pool_url,
     check_pooled_sessions,
     connect_sync,
@@ -135,8 +136,13 @@ async def serve(
     roles = "+".join(r for r, on in (("executor", run_executor), ("worker", run_worker), ("api", run_api)) if on)
     if not pooled and url != direct:
         await check_pool_url(url, schema, f"conveyor-{roles}")  # a pooler the settings do not mention
+    # A worker's transactions hold locks on its executions: a worker frozen inside one must
+    # not keep them past the moment the executors recover that work (store/db.py).
+    # (`conveyor up` keeps the long bound: its executor's rounds share the pool.)
+    worker_only = run_worker and not run_executor
+    idle = min(IDLE_IN_TRANSACTION, settings.worker.self_fence_after) if worker_only else IDLE_IN_TRANSACTION
     pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
-                     prepare_threshold=settings.database.prepare_threshold)  # fmt: skip
+                     prepare_threshold=settings.database.prepare_threshold, idle_timeout=idle)  # fmt: skip
     await pool.open(wait=True, timeout=30)
     try:
         if pooled:

@@ -56,7 +56,18 @@ def tagged(application_name: str, *, pooled: bool = False) -> str:
     return application_name[: 63 - len(suffix)] + suffix
 
 
-def conninfo_kwargs(schema: str, application_name: str, *, pooled: bool = False) -> dict[str, Any]:
+# How long a session may sit idle inside a transaction before the server ends it (and
+# releases its locks): a client that vanished or froze between two statements of one.
+IDLE_IN_TRANSACTION = 60.0
+# A session the server ended: lost (OperationalError), or ended for sitting idle in a
+# transaction -- SQLSTATE 25P03, which psycopg raises as an InternalError. Both mean the
+# same to the process: reconnect (the pool does) and try again or leave it to recovery.
+SESSION_ENDED = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
+def conninfo_kwargs(
+    schema: str, application_name: str, *, pooled: bool = False, idle_timeout: float = IDLE_IN_TRANSACTION
+) -> dict[str, Any]:
     """Connection parameters. ``pooled``: through a transaction pooler, which refuses the
     ``options`` startup parameter (PgBouncer: "unsupported startup parameter: options"),
     or drops it when told to ignore it: the pooled sessions' search_path and timeouts
@@ -64,9 +75,13 @@ def conninfo_kwargs(schema: str, application_name: str, *, pooled: bool = False)
     if pooled:
         return {"application_name": tagged(application_name, pooled=True), **KEEPALIVES}
     # Server side: a session whose client vanished mid-transaction (a partition between a
-    # claim and its COMMIT) must not hold its row locks for the kernel's 2 hours.
+    # claim and its COMMIT) must not hold its row locks for the kernel's 2 hours; nor one
+    # whose client froze there (a paused VM, SIGSTOP: its kernel still answers keepalives).
+    # A worker passes its self_fence_after (app.serve): the lock of a frozen worker's open
+    # transaction (live output's share lock on its execution, say) is gone before the
+    # executors recover the execution, whose sweep skips locked rows.
     server = (
-        f"-c search_path={schema} -c idle_in_transaction_session_timeout=60s"
+        f"-c search_path={schema} -c idle_in_transaction_session_timeout={max(1, round(idle_timeout * 1000))}ms"
         " -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
     )
     return {
@@ -100,6 +115,7 @@ def make_pool(
     *,
     pooled: bool = False,
     prepare_threshold: int | None = 5,
+    idle_timeout: float = IDLE_IN_TRANSACTION,
 ) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
     """The process's pool. ``pooled``/``prepare_threshold``: see conninfo_kwargs and
     DatabaseSettings.prepare_threshold (database.pooler, database.prepared_statements)."""
@@ -111,7 +127,7 @@ def make_pool(
         kwargs={
             "row_factory": dict_row,
             "prepare_threshold": prepare_threshold,
-            **conninfo_kwargs(schema, application_name, pooled=pooled),
+            **conninfo_kwargs(schema, application_name, pooled=pooled, idle_timeout=idle_timeout),
         },
         connection_class=psycopg.AsyncConnection[Row],
         # The pool retries a lost connection with a doubling delay until reconnect_timeout
@@ -234,8 +250,8 @@ def rolled_back(exc: BaseException) -> bool:
     return isinstance(exc, _ROLLED_BACK)
 
 
-def log_operational(logger: Any, what: str, exc: psycopg.OperationalError, **fields: Any) -> None:
-    """Log a pass or duty that an OperationalError ended, which its loop retries.
+def log_operational(logger: Any, what: str, exc: psycopg.Error, **fields: Any) -> None:
+    """Log a pass or duty that an OperationalError (or a session ended, SESSION_ENDED) ended, which its loop retries.
 
     A deadlock or serialization failure is an OperationalError too, but the database is
     up and the retry is the cure: calling it "unreachable" sends an operator looking

@@ -24,6 +24,7 @@ import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -174,7 +175,7 @@ class OutputWriter:
         try:
             async with self._pool.connection() as conn:
                 await conn.execute(Q["append_output"], params)
-        except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
+        except (*SESSION_ENDED, psycopg.errors.QueryCanceled) as exc:
             # Live output is a view: its bytes are in the result too (up to the same cap).
             # Not retried, so that memory stays bounded while the database is away.
             log.warning("live output not stored", worker=self._worker, error=str(exc).strip(),

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import WorkerSettings
 from conveyor.domain.outcome import AttemptEnd, after_interrupted
 from conveyor.domain.status import ExecutionStatus, WorkerStatus
+from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.worker.liveness import Liveness
@@ -95,7 +95,7 @@ class Releasing:
                 back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
             if back:
                 log.info("handed back scheduled executions", count=len(back))
-        except psycopg.OperationalError as exc:
+        except SESSION_ENDED as exc:
             log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
         if active := self._runs.active():
             log.info("waiting for running executions", count=len(active), timeout=self.cfg.shutdown_timeout)
@@ -109,7 +109,7 @@ class Releasing:
         await self._stop_everything("shutdown")
         try:
             await self._release_interrupted()
-        except psycopg.OperationalError as exc:
+        except SESSION_ENDED as exc:
             log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
 
 

@@ -188,7 +188,8 @@ class ResultWriter:
                 if refill is not None:
                     refill.claimed([], limit, in_doubt=True)
                     refill = None
-                if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, _REFUSED):
+                ended = isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout)
+                if not ended and (not isinstance(exc, psycopg.OperationalError) or isinstance(exc, _REFUSED)):
                     raise  # refused data (or a statement over a server limit), or cancelled
                 log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
                 await asyncio.sleep(delay)

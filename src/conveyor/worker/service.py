@@ -27,7 +27,6 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -42,7 +41,7 @@ from conveyor.domain.models import ActionResult
 from conveyor.domain.outcome import AttemptEnd, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import InactiveReason
-from conveyor.store.db import log_operational
+from conveyor.store.db import SESSION_ENDED, log_operational
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -187,14 +186,14 @@ class WorkerService(Releasing):
                         if self._claim_in_doubt:
                             await self._start_unknown_claims()
                         claimed = await self._claim(free)
-                    except psycopg.OperationalError as exc:
+                    except SESSION_ENDED as exc:
                         self._claim_in_doubt = True
                         log_operational(log, "claim", exc)
                 if self._runs.active() and asyncio.get_running_loop().time() >= self._next_cancel_check:
                     self._next_cancel_check = asyncio.get_running_loop().time() + min(poll, 0.25)
                     try:
                         await self._honour_cancellations()
-                    except psycopg.OperationalError as exc:
+                    except SESSION_ENDED as exc:
                         log_operational(log, "cancellation check", exc)
                 if claimed and claimed == free:
                     continue
