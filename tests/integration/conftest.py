@@ -44,7 +44,11 @@ def lock_holder(db_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
 # override ``settings`` (the transport tests do).
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(api={"max_body_bytes": LIMIT, "stream_interval": 0.05})
+    # database_timeout: a connection of the test pool (6, opened on demand) can take over the
+    # default second to open while four test processes set up their databases (CI: two of
+    # five racing inquiry answers got 503 instead of 409). The prompt 503 has its own test,
+    # with its own settings (test_api_idempotency.py).
+    return Settings(api={"max_body_bytes": LIMIT, "stream_interval": 0.05, "database_timeout": 10})
 
 
 @pytest.fixture
