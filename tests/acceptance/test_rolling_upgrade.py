@@ -1,8 +1,8 @@
 """Acceptance: a rolling upgrade from the previous release to this one, with real processes
 of both. The previous release is the commit CHANGELOG.md records beside its version
-(support/releases.py), taken from this repository's history with ``git archive`` and run
-from its own source tree on the same interpreter and packages -- installed next to the
-current code, as an operator's old hosts are.
+(support/releases.py), taken from this repository's history with ``git archive`` and
+installed by pip into a directory of its own next to the current installation (its
+dependencies are this one's), as an operator's old hosts run it.
 
 The sequence is the one docs/deployment.md ("Upgrades") prescribes: the previous release's
 executor and worker run under load; this release migrates the schema while they work
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,22 +39,31 @@ SLEEP = {"seconds": 0.05}
 
 
 @pytest.fixture(scope="module")
-def previous_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's ``src`` tree, from its recorded commit."""
+def previous_release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release, installed: its recorded commit taken from git and installed by
+    pip (its own wheel, package data and all) into a directory of its own, without its
+    dependencies -- this installation's serve it, as they would on an upgraded host."""
     release = previous_release()
-    dest = tmp_path_factory.mktemp(f"conveyor-{release.version}")
+    base = tmp_path_factory.mktemp(f"conveyor-{release.version}")
+    tree, site = base / "tree", base / "site"
+    tree.mkdir()
     try:
         archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "--format=tar", str(release.commit), "src"],
+            ["git", "-C", str(ROOT), "archive", "--format=tar", str(release.commit)],
             capture_output=True, check=True, timeout=60,
         )  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True, timeout=60)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(tree)],
+            capture_output=True, check=True, timeout=300,
+        )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
-        message = f"cannot take release {release.version} ({release.commit}) from git: {exc}"
+        detail = getattr(exc, "stderr", b"") or b""
+        message = f"cannot install release {release.version} ({release.commit}): {exc}\n{detail.decode()[-2000:]}"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-    return dest / "src"
+    return site
 
 
 @pytest.fixture
@@ -62,9 +72,9 @@ def env(empty_db_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def old_env(env: dict[str, str], previous_src: Path) -> dict[str, str]:
-    """The previous release: its source first on the path (before this installation's)."""
-    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(previous_src), env.get("PYTHONPATH")) if p)}
+def old_env(env: dict[str, str], previous_release_dir: Path) -> dict[str, str]:
+    """The previous release: its installation first on the path (before this one's)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(previous_release_dir), env.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture
