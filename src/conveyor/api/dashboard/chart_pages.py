@@ -5,7 +5,6 @@ SVG by ``charts.py``."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +12,7 @@ from fastapi.responses import Response
 
 from conveyor.api.dashboard import charts
 from conveyor.api.dashboard.charts import Series
-from conveyor.api.dashboard.pages import Loader, _view
+from conveyor.api.dashboard.pages import Loader, _view, cached
 from conveyor.api.dashboard.web import seconds
 from conveyor.store.queries import Q
 
@@ -60,18 +59,7 @@ async def chart_values(conn: Any) -> dict[str, Any]:
 
 
 def _charts_loader(request: Request) -> Loader:
-    state = request.app.state
-    if not hasattr(state, "dashboard_charts"):
-        state.dashboard_charts = (0.0, {})
-
-    async def load(conn: Any) -> dict[str, Any]:
-        read_at, values = state.dashboard_charts
-        if time.monotonic() - read_at >= _TTL:
-            values = await chart_values(conn)
-            state.dashboard_charts = (time.monotonic(), values)
-        return dict(values)
-
-    return load
+    return cached(request, "dashboard_charts", _TTL, chart_values)
 
 
 @router.get("/charts")

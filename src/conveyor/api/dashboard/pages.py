@@ -53,21 +53,24 @@ async def _view(request: Request, template: str, load: Loader, live: bool = Fals
 _OVERVIEW_TTL = 1.0
 
 
-def _overview_loader(request: Request) -> Loader:
-    """The overview counts whole tables: read at most once a second per API process, however
-    many browsers poll it."""
+def cached(request: Request, key: str, ttl: float, read: Loader) -> Loader:
+    """``read`` at most once every ``ttl`` seconds per API process, however many browsers
+    poll the page: its values are kept on the app's state under ``key``."""
     state = request.app.state
-    if not hasattr(state, "dashboard_overview"):
-        state.dashboard_overview = (0.0, {})
 
     async def load(conn: Any) -> dict[str, Any]:
-        read_at, values = state.dashboard_overview
-        if time.monotonic() - read_at >= _OVERVIEW_TTL:
-            values = await data.overview(conn)
-            state.dashboard_overview = (time.monotonic(), values)
+        read_at, values = getattr(state, key, (0.0, {}))
+        if time.monotonic() - read_at >= ttl:
+            values = await read(conn)
+            setattr(state, key, (time.monotonic(), values))
         return dict(values)
 
     return load
+
+
+def _overview_loader(request: Request) -> Loader:
+    """The overview counts whole tables: read at most once a second."""
+    return cached(request, "dashboard_overview", _OVERVIEW_TTL, data.overview)
 
 
 @router.get("/")
