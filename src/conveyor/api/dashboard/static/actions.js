@@ -5,42 +5,14 @@
 // refusal shows the API's own message. Text goes in with textContent, never as markup.
 (() => {
   "use strict";
-  const CSRF = { "X-Conveyor-Dashboard": "1" };
+  const { call, apiError, link, changed } = window.Conveyor; // api.js
   const message = document.getElementById("action-message");
-
-  function call(method, url, body) {
-    const init = { method, headers: { ...CSRF } };
-    if (body !== undefined) {
-      init.headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
-    }
-    return fetch(url, init);
-  }
-
-  async function apiError(response) {
-    let text = "";
-    try {
-      text = (await response.clone().json()).error;
-    } catch {
-      text = (await response.text()).slice(0, 300);
-    }
-    return `${text || response.statusText} (HTTP ${response.status})`;
-  }
 
   function show(kind, ...parts) {
     if (!message) return;
     message.dataset.state = kind;
     message.replaceChildren(...parts);
   }
-
-  function link(href, text) {
-    const a = document.createElement("a");
-    a.href = href;
-    a.textContent = text;
-    return a;
-  }
-
-  const changed = () => document.dispatchEvent(new Event("conveyor:changed"));
 
   // What an action's success says, from the API's answer.
   const done = {

@@ -5,7 +5,7 @@
 (() => {
   "use strict";
   const POLL_MS = 1500;
-  const CSRF = { "X-Conveyor-Dashboard": "1" };
+  const { call, apiError, link } = window.Conveyor; // api.js
   const regions = [...document.querySelectorAll("[data-live]")].map((el) => ({
     el, url: el.dataset.live, html: null, final: el.querySelector("[data-final]") !== null,
   }));
@@ -103,34 +103,11 @@
 
   // -- actions --------------------------------------------------------------------------------
 
-  function post(url, body) {
-    return fetch(url, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", ...CSRF },
-      body: JSON.stringify(body),
-    });
-  }
-
-  async function apiError(response) {
-    let text = "";
-    try {
-      text = (await response.clone().json()).error;
-    } catch {
-      text = (await response.text()).slice(0, 300);
-    }
-    return `${text || response.statusText} (HTTP ${response.status})`;
-  }
+  const post = (url, body) => call("POST", url, body);
 
   function show(element, kind, ...parts) {
     element.dataset.state = kind;
     element.replaceChildren(...parts);
-  }
-
-  function link(href, text) {
-    const a = document.createElement("a");
-    a.href = href;
-    a.textContent = text;
-    return a;
   }
 
   const form = document.getElementById("request-form");

@@ -5,7 +5,7 @@
 // shows the API's own message. Text goes in with textContent, never as markup.
 (() => {
   "use strict";
-  const CSRF = { "X-Conveyor-Dashboard": "1" };
+  const { call, apiError, changed } = window.Conveyor; // api.js
   const message = document.getElementById("policy-message");
   if (!message) return;
 
@@ -14,18 +14,7 @@
     message.textContent = text;
   }
 
-  async function apiError(response) {
-    let text = "";
-    try {
-      text = (await response.clone().json()).error;
-    } catch {
-      text = (await response.text()).slice(0, 300);
-    }
-    return `${text || response.statusText} (HTTP ${response.status})`;
-  }
-
   const url = (target) => `/api/v1/policies/${encodeURIComponent(target)}`;
-  const changed = () => document.dispatchEvent(new Event("conveyor:changed"));
 
   const form = document.getElementById("policy-form");
   if (form) {
@@ -40,9 +29,7 @@
       };
       show("busy", `Setting the policy for ${name}…`);
       try {
-        const response = await fetch(url(name), {
-          method: "PUT", headers: { ...CSRF, "Content-Type": "application/json" }, body: JSON.stringify(body),
-        });
+        const response = await call("PUT", url(name), body);
         if (!response.ok) {
           show("error", `Policy ${name} refused: ${await apiError(response)}`);
           return;
@@ -64,7 +51,7 @@
     button.disabled = true;
     show("busy", `Deleting the policy for ${target}…`);
     try {
-      const response = await fetch(url(target), { method: "DELETE", headers: { ...CSRF } });
+      const response = await call("DELETE", url(target));
       if (!response.ok) {
         show("error", `Deleting ${target} refused: ${await apiError(response)}`);
         return;
