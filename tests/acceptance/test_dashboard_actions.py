@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
-from acceptance.helpers import Procs, conveyor_env, describe, eventually
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_fleet, status_of
+from acceptance.helpers import Procs, conveyor_env, eventually
 from conveyor.store.queries import Q
 
 pytestmark = pytest.mark.acceptance
@@ -35,24 +35,12 @@ def artifacts() -> Path:
     return screenshots("actions")
 
 
-def _status(db: Db, eid: int) -> str | None:
-    row = db.execute("SELECT status FROM execution WHERE id = %s", (eid,)).fetchone()
-    return None if row is None else str(row["status"])
-
-
 def test_in_chromium_cancel_rerun_replay_and_tokens(procs: Procs, db: Db, artifacts: Path) -> None:
     require_browser()
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect, sync_playwright
 
-    procs.start("executor", name="executor")
-    procs.start("worker", "--name", "w1", name="w1")
-    base = start_api(procs)
-    created = procs.run("tokens", "create", "--role", "admin", "--name", "actions test")
-    assert created.returncode == 0, describe(created)
-    token = created.stdout.strip().splitlines()[-1]
-    eventually(lambda: db.execute("SELECT 1 FROM worker WHERE name = 'w1' AND status = 'active'").fetchone(),
-               timeout=30, message=procs.logs)  # fmt: skip
+    base, token = start_fleet(procs, db, role="admin", label="actions test")
     bearer = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=base, headers=bearer, timeout=10) as api:
         sleeper = api.post("/api/v1/executions", json={"action_ref": "core.sleep", "parameters": {"seconds": 120}})
@@ -60,8 +48,8 @@ def test_in_chromium_cancel_rerun_replay_and_tokens(procs: Procs, db: Db, artifa
     assert sleeper.status_code == 201, sleeper.text
     assert echo.status_code == 201, echo.text
     sleeping, finished = sleeper.json()["id"], echo.json()["id"]
-    eventually(lambda: _status(db, finished) == "completed", timeout=30, message=procs.logs)
-    eventually(lambda: _status(db, sleeping) == "running", timeout=30, message=procs.logs)
+    eventually(lambda: status_of(db, finished) == "completed", timeout=30, message=procs.logs)
+    eventually(lambda: status_of(db, sleeping) == "running", timeout=30, message=procs.logs)
     letter = db.execute(Q["record_dead_letter"], {
         "dedupe_key": "t-1", "message_id": "m1", "transport": "postgres", "reason": "expired", "queue": "q",
         "exchange": "x", "routing_key": "execution.requested", "message_type": "execution.requested",
@@ -103,7 +91,7 @@ def test_in_chromium_cancel_rerun_replay_and_tokens(procs: Procs, db: Db, artifa
             expect(message).to_have_attribute("data-state", "ok")
             expect(message).to_contain_text(f"Execution {sleeping}: ")
             expect(page.locator("#execution-status")).to_have_text("cancelled", timeout=30_000)
-            assert _status(db, sleeping) == "cancelled"
+            assert status_of(db, sleeping) == "cancelled"
             assert dialogs[-1].startswith(f"Cancel execution {sleeping} (core.sleep)?"), dialogs
             shot("cancelled")
 

@@ -15,8 +15,8 @@ import httpx
 import psycopg
 import pytest
 
-from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_api
-from acceptance.helpers import Procs, conveyor_env, describe, eventually
+from acceptance.browser_kit import CHROMIUM, require_browser, screenshots, start_fleet, status_of
+from acceptance.helpers import Procs, conveyor_env, eventually
 
 pytestmark = pytest.mark.acceptance
 Db = psycopg.Connection[dict[str, Any]]
@@ -32,24 +32,12 @@ def artifacts() -> Path:
     return screenshots("policies-actions")
 
 
-def _status(db: Db, eid: int) -> str | None:
-    row = db.execute("SELECT status FROM execution WHERE id = %s", (eid,)).fetchone()
-    return None if row is None else str(row["status"])
-
-
 def test_in_chromium_policy_queue_and_action_page(procs: Procs, db: Db, artifacts: Path) -> None:
     require_browser()
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect, sync_playwright
 
-    procs.start("executor", name="executor")
-    procs.start("worker", "--name", "w1", name="w1")
-    base = start_api(procs)
-    created = procs.run("tokens", "create", "--role", "admin", "--name", "policies test")
-    assert created.returncode == 0, describe(created)
-    token = created.stdout.strip().splitlines()[-1]
-    eventually(lambda: db.execute("SELECT 1 FROM worker WHERE name = 'w1' AND status = 'active'").fetchone(),
-               timeout=30, message=procs.logs)  # fmt: skip
+    base, token = start_fleet(procs, db, role="admin", label="policies test")
     api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
     shots: list[Path] = []
@@ -103,7 +91,7 @@ def test_in_chromium_policy_queue_and_action_page(procs: Procs, db: Db, artifact
             panel = page.locator('section[data-policy="core.sleep"]')
             expect(panel.locator(f'table.slots tr[data-id="{holder}"]')).to_be_visible()
             expect(panel.locator(f'table.queue tr[data-id="{waiter}"]')).to_have_attribute("data-position", "1")
-            assert _status(db, waiter) == "requested"
+            assert status_of(db, waiter) == "requested"
             shot("waiting-in-queue")
 
             # Delete it: confirmed; the waiter is released and runs.
@@ -112,11 +100,11 @@ def test_in_chromium_policy_queue_and_action_page(procs: Procs, db: Db, artifact
             assert dialogs[-1].startswith("Delete the policy for core.sleep?"), dialogs
             expect(page.locator('#policies tr[data-target="core.sleep"]')).to_have_count(0)
             assert db.execute("SELECT 1 FROM admission_policy WHERE target = 'core.sleep'").fetchone() is None
-            eventually(lambda: _status(db, waiter) == "running", timeout=30, message=procs.logs)
+            eventually(lambda: status_of(db, waiter) == "running", timeout=30, message=procs.logs)
             shot("deleted")
             for eid in ids:
                 assert api.post(f"/api/v1/executions/{eid}/cancel").status_code == 200
-            eventually(lambda: all(_status(db, e) == "cancelled" for e in ids), timeout=30, message=procs.logs)
+            eventually(lambda: all(status_of(db, e) == "cancelled" for e in ids), timeout=30, message=procs.logs)
 
             # The action's page: its schema, the worker offering it, its recent outcomes.
             page.click("nav >> text=Actions")
