@@ -34,13 +34,13 @@ from psycopg.rows import dict_row
 from acceptance.helpers import Procs, conveyor_env, eventually, stays
 from acceptance.netns import Forwarder
 from acceptance.pg_pair import PgPair, migrated_pair
+from acceptance.recovery_kit import TERMINAL
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance
 
 SCHEMA = "conveyor"
 DBNAME = "conveyor"
-TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
 # Heartbeat 3 s: a worker stops its work on its own after 6 s without a heartbeat, the
 # executors' threshold is 9 s. The failover below (stop, promote, and the workers held
 # back a while) takes well under that.

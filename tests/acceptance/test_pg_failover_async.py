@@ -30,13 +30,13 @@ from psycopg.rows import dict_row
 
 from acceptance.helpers import Procs, conveyor_env, eventually
 from acceptance.pg_pair import PgPair, migrated_pair, replication_cut
+from acceptance.recovery_kit import TERMINAL
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance
 
 SCHEMA = "conveyor"
 DBNAME = "conveyor"
-TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
 SETTINGS = {
     "CONVEYOR__WORKER__HEARTBEAT_INTERVAL": "3",
     "CONVEYOR__RECOVERY__SWEEP_INTERVAL": "0.2",
