@@ -63,12 +63,22 @@ def _legacy_users(pgdata: Path) -> list[int]:
     except (OSError, ValueError, TypeError):
         path.unlink(missing_ok=True)
         return []
-    alive = [p for p in pids if p != os.getpid() and process_alive(p)]
+    alive = [p for p in pids if p != os.getpid() and process_alive(p) and _runs_conveyor_up(p)]
     if alive:
         path.write_text(json.dumps(alive))
     else:
         path.unlink(missing_ok=True)
     return alive
+
+
+def _runs_conveyor_up(pid: int) -> bool:
+    """Whether ``pid`` is a ``conveyor up`` (that list holds bare pids: a dead ``up``'s may
+    have been reused by any process, which must not keep the server from being stopped)."""
+    try:
+        args = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "up" in args and any("conveyor" in a for a in args)
 
 
 def _attached(shmid: int | None) -> bool:

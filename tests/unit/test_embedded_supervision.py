@@ -144,3 +144,18 @@ def test_a_postmaster_pid_naming_a_zombie_is_no_server(tmp_path: Path) -> None:
             embedded.find_running(_settings(pgdata))
     finally:
         child.wait()
+
+
+def test_a_reused_pid_in_pgserver_s_old_list_of_users_is_no_user(tmp_path: Path) -> None:
+    # .handle_pids.json, written by `up`s of earlier releases, holds bare pids: this process
+    # (pytest, no `conveyor up`) stands for a dead `up`'s pid reused by something else.
+    from conveyor.embedded_server import LEGACY_HANDLES, _legacy_users
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / LEGACY_HANDLES).write_text(json.dumps([sleeper.pid, 2**22 + 1]))
+        assert _legacy_users(tmp_path) == []
+        assert not (tmp_path / LEGACY_HANDLES).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
