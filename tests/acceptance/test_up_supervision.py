@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -72,12 +73,13 @@ def _kill_postmaster_and_recover(procs: Procs, data_dir: Path, message: str) -> 
     assert old is not None
     os.kill(old, signal.SIGKILL)
     killed = time.monotonic()
+    print(f"\npostmaster {old} killed at {datetime.now(UTC).isoformat()}")  # to read `up`'s log against
     until(procs, lambda: _live_postmaster(data_dir) not in (None, old), timeout=RECOVERY_DEADLINE, interval=0.05)
     restarted = time.monotonic() - killed
     done = until(procs, lambda: _echo(procs, message), timeout=RECOVERY_DEADLINE, interval=0.2)
     recovered = time.monotonic() - killed
     assert message in done.stdout, describe(done)
-    print(f"\npostmaster killed: new postmaster after {restarted:.2f} s, `run --wait` done after {recovered:.2f} s")
+    print(f"postmaster killed: new postmaster after {restarted:.2f} s, `run --wait` done after {recovered:.2f} s")
     return restarted, recovered
 
 
