@@ -35,6 +35,7 @@ from conveyor.config_connections import (
     RabbitMQSettings as RabbitMQSettings,
 )
 from conveyor.config_connections import Section as _Section
+from conveyor.config_embedded import EmbeddedSettings as EmbeddedSettings
 from conveyor.config_keys import (
     ENV_PREFIX,
     KeyChecker,
@@ -168,10 +169,6 @@ class HealthSettings(_Section):
     port: int | None = Field(None, ge=0, le=65535, description="HTTP port for /healthz and /readyz; unset = off")
     host: str = Field("0.0.0.0", description="address the health endpoint listens on")
     max_loop_lag: float = Field(2.0, gt=0, description="readiness fails when the event loop lags more than this")
-
-
-class EmbeddedSettings(_Section):
-    data_dir: Path | None = Field(None, description="embedded PostgreSQL data; default per-user data dir")
 
 
 class ApiSettings(_Section):

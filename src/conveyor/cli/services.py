@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Annotated
 
 import typer
@@ -13,6 +15,7 @@ from conveyor.cli.context import JsonOption, console, err_console, line, print_j
 from conveyor.cli.database import show_migrations
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
+from conveyor.embedded_server import supervised
 from conveyor.logs import configure
 
 Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Module whose actions to offer.")]
@@ -54,15 +57,20 @@ def _run(
 def up(imports: Imports = None) -> None:
     """Run everything in one process: migrations, executor, worker, the REST API and the
     dashboard (api.port, 8080; on its first start it prints their URL and an admin token).
-    Without DATABASE_URL it starts the embedded PostgreSQL and stops it on exit."""
+    Without DATABASE_URL it starts the embedded PostgreSQL (or takes over the one a killed
+    `up` left running), restarts it if it dies, and stops it on exit."""
     settings = state.loaded.settings
     if settings.database.url:
         _run(settings, settings.database.url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
         exit_if_actions_linger()
         return
+    configure(settings.log.level, settings.log.json_output)  # the supervisor logs from here on
     err_console.print(f"starting the embedded PostgreSQL in {embedded.data_dir(settings)} ...")
-    with embedded.running_server(settings) as url:
-        _run(settings, url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
+    # A database that keeps dying: stop, as a first Ctrl-C would (the services drain).
+    with supervised(settings, on_give_up=lambda: os.kill(os.getpid(), signal.SIGTERM)) as server:
+        _run(settings, server.url, executor=True, worker=True, api=True, imports=imports or [], banner=True)
+    if server.gave_up:
+        raise ConveyorError(server.gave_up)
     exit_if_actions_linger()
 
 
