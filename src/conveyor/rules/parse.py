@@ -21,7 +21,7 @@ from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, loa
 from conveyor.domain.errors import InvalidRuleError
 from conveyor.rules import criteria as c
 from conveyor.rules.spec import RuleSpec
-from conveyor.workflows.expressions import syntax_errors
+from conveyor.workflows.expressions import syntax_errors, unknown_functions
 
 REF: Final = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$")
 KNOWN: Final = frozenset({"ref", "pack", "name", "description", "enabled", "trigger", "criteria", "action"})
@@ -124,6 +124,8 @@ def _action(value: Any, problems: Problems) -> tuple[str, dict[str, Any]]:
     for name, template in parameters.items():
         for message in syntax_errors(template):
             problems.append((f"action.parameters.{name}", message))
+        for message in unknown_functions(template):
+            problems.append((f"action.parameters.{name}", f"expression {message}"))
     return ref, dict(parameters)
 
 
