@@ -84,7 +84,8 @@ NOT_FUNCTIONS: Final = frozenset({"pad", "next", "retry", "with"})
 def documented() -> tuple[set[str], set[str]]:
     """(the functions of the "both syntaxes" table, the YAQL-only ones) in docs/workflows.md."""
     text = DOC.read_text(encoding="utf-8")
-    section = text[text.index("### Functions (both syntaxes)") : text.index("### Bounds and the sandbox")]
+    start = text.index("### Functions (both syntaxes)")
+    section = text[start : text.index("\n### ", start + 1)]
     section = re.sub(r"Not provided:.*?(\n\n)", r"\1", section, flags=re.DOTALL)  # named as absent
     section = section.split("\nIn YAQL a bare name is a string")[0]
     both: set[str] = set()
