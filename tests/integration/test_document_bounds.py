@@ -78,6 +78,23 @@ async def test_api_json_bodies_are_bounded_with_a_message(api: Api) -> None:
     assert (await api.client.get("/health/live")).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/v1/events"),
+        ("POST", "/api/v1/schedules"),
+        ("PATCH", "/api/v1/schedules/s"),
+        ("POST", "/api/v1/triggers"),
+        ("POST", "/api/v1/inquiries/1/respond"),
+        ("POST", "/api/v1/workflows"),
+    ],
+)
+async def test_every_json_door_of_the_api_refuses_a_deep_body(api: Api, method: str, path: str) -> None:
+    body = f'{{"payload": {DEEP_JSON}, "parameters": {DEEP_JSON}}}'
+    response = await api.client.request(method, path, content=body, headers=api.auth("admin"))
+    assert "documents.max_depth" in error_of(response, 400)
+
+
 async def test_a_webhook_door_refuses_deep_or_repeated_json(api: Api) -> None:
     await register(api)
     deep = await post(api, **signed(DEEP_JSON.encode()))

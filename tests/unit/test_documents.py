@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from conveyor.domain.documents import DocumentError, Limits, check, load_json, load_yaml
 from conveyor.domain.errors import InvalidRuleError
 from conveyor.rules import parse as rules
+from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.problems import WorkflowError
 
@@ -205,3 +206,12 @@ def test_bounded_loading_refuses_exactly_what_expands_past_a_bound(
     else:
         assert (nodes <= max_nodes, size <= max_bytes, height <= max_depth) == (True, True, True)
         assert value == yaml.safe_load(text)
+
+
+def test_expression_functions_read_with_the_same_bounds() -> None:
+    for expression in ("<% from_yaml_string('a: 1\na: 2') %>", """<% from_json_string('{"a": 1, "a": 2}') %>"""):
+        with pytest.raises(ExpressionError, match="duplicate key 'a'"):
+            evaluate(expression, Scope(ctx={}))
+    deep = "[" * 101 + "]" * 101
+    with pytest.raises(ExpressionError, match="levels of nesting"):
+        evaluate(f"<% json('{deep}') %>", Scope(ctx={}))
