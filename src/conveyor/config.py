@@ -35,6 +35,7 @@ from conveyor.config_connections import (
     RabbitMQSettings as RabbitMQSettings,
 )
 from conveyor.config_connections import Section as _Section
+from conveyor.config_documents import DocumentSettings
 from conveyor.config_embedded import EmbeddedSettings as EmbeddedSettings
 from conveyor.config_keys import (
     ENV_PREFIX,
@@ -261,6 +262,7 @@ class Settings(BaseSettings):
     events: EventSettings = Field(default_factory=EventSettings)  # type: ignore[arg-type]
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)  # type: ignore[arg-type]
     retention: RetentionSettings = Field(default_factory=RetentionSettings)  # type: ignore[arg-type]
+    documents: DocumentSettings = Field(default_factory=DocumentSettings)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor import verbs
 from conveyor.domain.delays import DelayError, check_aware, check_delay
+from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
@@ -175,12 +176,16 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need
-    ``responder=``)."""
+    ``responder=``). ``document_limits``: the bounds on the YAML and JSON documents it
+    reads (the ``documents`` settings; the CLI passes its own)."""
 
-    def __init__(self, url: str, schema: str = "conveyor", *, user: str | None = None) -> None:
+    def __init__(
+        self, url: str, schema: str = "conveyor", *, user: str | None = None, document_limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self.url = url
         self.schema = schema
         self.user = user
+        self.document_limits = document_limits
         self.conn = connect_sync(url, schema, application_name="conveyor-client", autocommit=True)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from conveyor import verbs
+from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import NotFoundError
 from conveyor.rules import parse
 from conveyor.rules.spec import RuleSpec
@@ -28,11 +29,11 @@ from conveyor.store.queries import Q
 RuleSource = str | bytes | Path | Mapping[str, Any]
 
 
-def spec_of(rule: RuleSource, where: str = "") -> RuleSpec:
+def spec_of(rule: RuleSource, where: str = "", limits: Limits = DEFAULT_LIMITS) -> RuleSpec:
     if isinstance(rule, Path):
-        return parse.load(rule.read_bytes(), where or str(rule))
+        return parse.load(rule.read_bytes(), where or str(rule), limits)
     if isinstance(rule, str | bytes):
-        return parse.load(rule, where)
+        return parse.load(rule, where, limits)
     return parse.parse(rule, where)
 
 
@@ -51,6 +52,7 @@ def rule_found(ref: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
 
 class RuleMethods:
     conn: psycopg.Connection[Any]
+    document_limits: Limits
 
     def register_rule(self, rule: RuleSource) -> dict[str, Any]:
         """Register (create or update) one rule; returns ``{"ref", "id", "created"}``."""
@@ -58,7 +60,7 @@ class RuleMethods:
 
     def register_rules(self, rules: Sequence[RuleSource]) -> list[dict[str, Any]]:
         """Several rules in one transaction: all or none (every file's problems listed)."""
-        specs = parse.all_or_problems([functools.partial(spec_of, r) for r in rules])
+        specs = parse.all_or_problems([functools.partial(spec_of, r, limits=self.document_limits) for r in rules])
         out = []
         with verbs.refusals(), self.conn.transaction():
             for spec in specs:

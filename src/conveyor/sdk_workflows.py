@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import psycopg
 
 from conveyor import verbs
+from conveyor.domain.documents import Limits
 from conveyor.store.queries import Q
 from conveyor.workflows.registration import Definition, prepare
 from conveyor.workflows.spec import WorkflowSpec
@@ -45,6 +46,7 @@ def definition_of(workflow: str | Path | WorkflowSpec | Buildable, ref: str | No
 
 class WorkflowMethods:
     conn: psycopg.Connection[Any]
+    document_limits: Limits
 
     def register_workflow(
         self, workflow: str | Path | WorkflowSpec | Buildable, *, ref: str | None = None
@@ -57,7 +59,7 @@ class WorkflowMethods:
         """Register several definitions in one transaction: all or none."""
         with verbs.refusals(), self.conn.transaction():
             known = [r["ref"] for r in self.conn.execute(Q["workflow_known_actions"]).fetchall()]
-            registrations = prepare(definitions, known)
+            registrations = prepare(definitions, known, self.document_limits)
             out = []
             for r in registrations:
                 row = self.conn.execute(Q["register_workflow"], r.params()).fetchone()

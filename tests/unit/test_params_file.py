@@ -103,7 +103,9 @@ def test_text_that_is_not_utf8(tmp_path: Path) -> None:
 def test_nesting_too_deep_for_the_parser(tmp_path: Path) -> None:
     depth = 100_000
     path = write(tmp_path, '{"a": ' + "[" * depth + "]" * depth + "}")
-    assert refused(path, limit=10 * depth) == f"--params-file {path}: nested too deeply"
+    assert refused(path, limit=10 * depth) == (
+        f"--params-file {path}: the document has more than 100 levels of nesting (documents.max_depth)"
+    )
 
 
 def test_pairs_override_the_files_keys_whole() -> None:

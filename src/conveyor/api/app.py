@@ -72,6 +72,6 @@ def create_app(settings: Settings, pool: AsyncConnectionPool[Any], transport: Tr
     app.include_router(health.router)
     app.include_router(dashboard.router)
     app.include_router(docs.router)
-    app.add_middleware(JsonBodies)
+    app.add_middleware(JsonBodies, limits=settings.documents.limits())
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     return app

@@ -1,12 +1,16 @@
 """Request body size limit as plain ASGI middleware: checked against Content-Length
-before reading, and counted while streaming for bodies without one."""
+before reading, and counted while streaming for bodies without one. JSON bodies are
+read within the ``documents`` bounds (depth, nodes, text, no key named twice)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+
+from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_json
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -63,10 +67,14 @@ class BodyLimit:
                 await self._refuse(send)
 
     async def _refuse(self, send: Any) -> None:
-        body = json.dumps({"error": _too_large(self.max_bytes)}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 413, _too_large(self.max_bytes))
+
+
+async def _answer(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _webhook_door(scope: Scope) -> bool:
@@ -78,10 +86,17 @@ class JsonBodies:
     """The API takes JSON only, whatever Content-Type says: ``curl -d '{...}'`` sends
     ``application/x-www-form-urlencoded``, and the seeds' example must work verbatim.
     Not a webhook's door (``POST /api/v1/webhooks/{name}``): it reads the sender's
-    Content-Type itself (GitHub may send its form encoding)."""
+    Content-Type itself (GitHub may send its form encoding), which reads within the same
+    bounds itself.
 
-    def __init__(self, app: Any) -> None:
+    Every such body that is JSON is checked against the ``documents`` bounds before a
+    route sees it (400 with the bound's name): FastAPI's own parsing has none, and turns a
+    RecursionError into "There was an error parsing the body". A body that is not JSON
+    (a rule's YAML) is left to its route, which reads it within the same bounds."""
+
+    def __init__(self, app: Any, limits: Limits = DEFAULT_LIMITS) -> None:
         self.app = app
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if (
@@ -92,4 +107,48 @@ class JsonBodies:
         ):
             headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            messages = await _read_all(receive)  # bounded by BodyLimit, which runs first
+            body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+            problem = await self._problem(body)
+            if problem is not None:
+                await _answer(send, 400, problem)
+                return
+            receive = _replay(messages, receive)
         await self.app(scope, receive, send)
+
+    async def _problem(self, body: bytes) -> str | None:
+        if len(body) <= _INLINE:
+            return _json_problem(body, self.limits)
+        # Parsing megabytes is CPU work: off the event loop, which answers /health/live.
+        return await run_in_threadpool(_json_problem, body, self.limits)
+
+
+_INLINE = 64 * 1024  # bytes checked on the event loop (well under a millisecond)
+
+
+def _json_problem(body: bytes, limits: Limits) -> str | None:
+    try:
+        load_json(body, limits)
+    except DocumentError as exc:
+        return f"request body refused: {exc}"
+    except ValueError:  # not JSON (or not UTF-8): the route answers it as it always did
+        return None
+    return None
+
+
+async def _read_all(receive: Any) -> list[Message]:
+    messages: list[Message] = []
+    while True:
+        message: Message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Any) -> Any:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

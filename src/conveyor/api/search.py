@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from conveyor.domain import jsontext
+from conveyor.domain.documents import load_json
 from conveyor.domain.errors import ConveyorError
 from conveyor.store.queries import Q
 
@@ -34,7 +34,7 @@ def parse_parameters(text: str | None) -> dict[str, Any] | None:
         raise ConveyorError(f"the parameters search is over {MAX_TERM} characters")
     if text.startswith("{"):
         try:
-            value = jsontext.loads(text)
+            value = load_json(text)
         except ValueError as exc:
             raise ConveyorError(f"the parameters search is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
@@ -46,7 +46,7 @@ def parse_parameters(text: str | None) -> dict[str, Any] | None:
         if not sep or not key:
             raise ConveyorError(f"the parameters search needs key=value pairs or a JSON object, not {pair!r}")
         try:
-            found[key] = jsontext.loads(raw)
+            found[key] = load_json(raw)
         except ValueError:  # NaN, 1e400 and plain words are searched as text
             found[key] = raw
     return found

@@ -45,7 +45,12 @@ class State:
 
     def client(self) -> Client:
         settings = self.loaded.settings
-        return Client(resolve_direct_url(settings), settings.database.schema_name, user=cli_user())
+        return Client(
+            resolve_direct_url(settings),
+            settings.database.schema_name,
+            user=cli_user(),
+            document_limits=settings.documents.limits(),
+        )
 
 
 state = State()

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.run import parse_json
+from conveyor.domain.documents import DocumentError
 from conveyor.domain.errors import ConveyorError
 
 app = typer.Typer(help="List, show and answer inquiries (core.ask).", no_args_is_help=True)
@@ -104,5 +105,7 @@ def respond(
 def _answer(raw: str) -> Any:
     try:
         return parse_json(raw)
+    except DocumentError as exc:
+        raise ConveyorError(f"--data: {exc}") from None
     except ValueError as exc:  # JSONDecodeError, and numbers JSON cannot carry
         raise ConveyorError(f"--data is not JSON: {exc}") from None

@@ -13,12 +13,18 @@ from conveyor.cli.context import JsonOption, console, err_console, print_json, s
 from conveyor.cli.executions import show_execution
 from conveyor.domain import jsontext
 from conveyor.domain.delays import DelayError, parse_at, parse_duration
+from conveyor.domain.documents import DocumentError, load_json
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.status import ExecutionStatus
 
 _NotFinite = jsontext.NotFinite
-parse_json = jsontext.loads  # strict: no NaN, Infinity or 1e400 (domain/jsontext.py)
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """JSON a user typed or gave as a file: strict (no NaN, Infinity or 1e400:
+    domain/jsontext.py) and within the ``documents`` bounds (a ``DocumentError``)."""
+    return load_json(raw, state.loaded.settings.documents.limits())
 
 
 def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +43,8 @@ def parse_parameters(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]
             continue
         try:
             params[key] = parse_json(raw)
+        except DocumentError as exc:
+            raise ConveyorError(f"parameter {key}: {exc}") from None
         except _NotFinite as exc:
             if "string" in types:  # the text is a valid value as it is
                 params[key] = raw
@@ -100,8 +108,8 @@ def read_params_file(source: str, limit: int, stdin: BinaryIO | None = None) -> 
             f"{where}: {exc} is not a number JSON can carry (NaN, Infinity and numbers beyond about 1.8e308 "
             "are refused); give a finite number"
         ) from None
-    except RecursionError:  # [[[[...]]]] thousands deep: Python's parser gives up
-        raise ConveyorError(f"{where}: nested too deeply") from None
+    except DocumentError as exc:  # past the documents.* bounds, or a key named twice
+        raise ConveyorError(f"{where}: {exc}") from None
     if not isinstance(value, dict):
         raise ConveyorError(
             f'{where}: expected a JSON object of parameters ({{"key": value, ...}}), not {_kind(value)}'

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, when
 from conveyor.cli.run import parse_json
+from conveyor.domain.documents import DocumentError
 from conveyor.domain.errors import ConveyorError
 
 app = typer.Typer(help="Register, list, show and delete triggers (the sources of events).", no_args_is_help=True)
@@ -27,6 +28,8 @@ def read_json_file(path: str, what: str) -> Any:
         raise ConveyorError(f"{what} {path}: cannot read it: {exc}") from None
     try:
         return parse_json(raw)
+    except DocumentError as exc:
+        raise ConveyorError(f"{what} {path}: {exc}") from None
     except ValueError as exc:  # JSONDecodeError, and numbers JSON cannot carry
         raise ConveyorError(f"{what} {path}: not JSON: {exc}") from None
 

@@ -17,6 +17,8 @@ from rich.table import Table
 
 from conveyor import webhooks as hooks
 from conveyor.cli.context import JsonOption, JsonResultOption, console, err_console, print_json, state, when
+from conveyor.cli.run import parse_json
+from conveyor.domain.documents import DocumentError
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.webhooks import new_secret
 from conveyor.sdk import Client
@@ -47,8 +49,10 @@ def _schema(path: Path | None) -> Any:
     if path is None:
         return None
     try:
-        return json.loads(_from_file(path))
-    except json.JSONDecodeError as exc:
+        return parse_json(_from_file(path))
+    except DocumentError as exc:
+        raise ConveyorError(f"{path}: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, and numbers JSON cannot carry
         raise ConveyorError(f"{path} is not JSON: {exc}") from None
 
 

@@ -15,11 +15,11 @@ class NotFinite(ValueError):
     """A number JSON cannot carry (NaN, Infinity, or beyond a double's range)."""
 
 
-def _no_constant(text: str) -> Any:
+def no_constant(text: str) -> Any:
     raise NotFinite(text)
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400 parses as inf
         raise NotFinite(text)
@@ -28,4 +28,4 @@ def _finite_float(text: str) -> float:
 
 def loads(raw: str | bytes) -> Any:
     """``json.loads`` refusing what JSON cannot carry (``NotFinite``, a ValueError)."""
-    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    return json.loads(raw, parse_constant=no_constant, parse_float=finite_float)

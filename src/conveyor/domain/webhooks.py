@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 
 import jsonschema
 
+from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_json
 from conveyor.domain.errors import ConveyorError
 
 NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?")
@@ -99,17 +100,13 @@ def signature_ok(secret: str, body: bytes, prefix: str, sent: str | None) -> boo
 # -- the body -----------------------------------------------------------------------------
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _json(text: bytes) -> Any:
+def _json(text: bytes, limits: Limits) -> Any:
     try:
-        value = json.loads(text.decode("utf-8"), parse_constant=_no_constants)
+        value = load_json(text.decode("utf-8"), limits)  # NaN, Infinity, 1e400: ValueError
     except UnicodeDecodeError:
         raise Refusal(400, "the body is not UTF-8") from None
-    except RecursionError:
-        raise Refusal(400, "the JSON body is nested too deeply") from None
+    except DocumentError as exc:  # past the documents.* bounds, or a key named twice
+        raise Refusal(400, f"JSON body refused: {exc}") from None
     except ValueError as exc:
         raise Refusal(400, f"malformed JSON body: {exc}") from None
     # What PostgreSQL's jsonb cannot hold: a lone UTF-16 surrogate (a NUL character, also
@@ -123,10 +120,11 @@ def _json(text: bytes) -> Any:
     return value
 
 
-def parse_body(body: bytes, content_type: str | None) -> Any:
+def parse_body(body: bytes, content_type: str | None, limits: Limits = DEFAULT_LIMITS) -> Any:
     """The JSON value of a body: JSON (any ``application/*+json`` too), or GitHub's form
     encoding (``payload=<url-encoded JSON>``). A form body that is not ``payload=`` is read
-    as JSON, as ``curl -d '{...}'`` sends one. Anything else: 415."""
+    as JSON, as ``curl -d '{...}'`` sends one. Anything else: 415. Read within ``limits``
+    (the ``documents`` settings)."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media not in JSON_TYPES and media != FORM and not media.endswith("+json"):
         raise Refusal(415, f"unsupported content type {media!r}: send JSON (application/json)")
@@ -139,8 +137,8 @@ def parse_body(body: bytes, content_type: str | None) -> Any:
             raise Refusal(400, f"malformed form body: {exc}") from None
         if list(fields) != ["payload"] or len(fields["payload"]) != 1:
             raise Refusal(400, "a form body must have exactly one field, payload=<JSON>")
-        return _json(fields["payload"][0].encode("utf-8", "surrogatepass"))
-    return _json(body)
+        return _json(fields["payload"][0].encode("utf-8", "surrogatepass"), limits)
+    return _json(body, limits)
 
 
 def kept_headers(headers: Any, idempotency_header: str) -> dict[str, str]:

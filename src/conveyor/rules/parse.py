@@ -17,10 +17,11 @@ from typing import Any, Final
 
 import yaml
 
+from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_yaml
 from conveyor.domain.errors import InvalidRuleError
 from conveyor.rules import criteria as c
 from conveyor.rules.spec import RuleSpec
-from conveyor.workflows.expressions import syntax_errors
+from conveyor.workflows.expressions import syntax_errors, unknown_functions
 
 REF: Final = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$")
 KNOWN: Final = frozenset({"ref", "pack", "name", "description", "enabled", "trigger", "criteria", "action"})
@@ -30,12 +31,15 @@ MAX_DOCUMENT: Final = 1 << 20  # bytes of one rule document
 Problems = list[tuple[str, str]]  # (path, message)
 
 
-def load(text: str | bytes, where: str = "") -> RuleSpec:
-    """One rule from YAML or JSON text (JSON is YAML)."""
+def load(text: str | bytes, where: str = "", limits: Limits = DEFAULT_LIMITS) -> RuleSpec:
+    """One rule from YAML or JSON text (JSON is YAML), read within ``limits`` (refused
+    before any alias is expanded) and with no key named twice."""
     if len(text) > MAX_DOCUMENT:
         raise InvalidRuleError([(where, "", f"a rule document may have at most {MAX_DOCUMENT} bytes")])
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text, limits)
+    except DocumentError as exc:
+        raise InvalidRuleError([(where, "", str(exc))]) from None
     except yaml.YAMLError as exc:
         raise InvalidRuleError([(where, "", f"not YAML or JSON: {' '.join(str(exc).split())}")]) from None
     return parse(doc, where)
@@ -120,6 +124,8 @@ def _action(value: Any, problems: Problems) -> tuple[str, dict[str, Any]]:
     for name, template in parameters.items():
         for message in syntax_errors(template):
             problems.append((f"action.parameters.{name}", message))
+        for message in unknown_functions(template):
+            problems.append((f"action.parameters.{name}", f"expression {message}"))
     return ref, dict(parameters)
 
 

@@ -20,6 +20,8 @@ from typing import Any, Final
 
 import yaml
 
+from conveyor.domain.documents import BoundedLoader, DocumentError, load_json
+
 
 class _Missing:
     """The type of :data:`MISSING`: no item (the task has no ``with``)."""
@@ -209,9 +211,18 @@ def fn_to_json_string(value: Any) -> str:
     return json.dumps(plain(value), sort_keys=True)
 
 
+def _json_text(text: str) -> Any:
+    """JSON from a value an expression holds (an action's output, ...): the bounds and the
+    strictness of every document a user sends (conveyor.domain.documents)."""
+    try:
+        return load_json(text)
+    except DocumentError as exc:
+        raise Refused(str(exc)) from None
+
+
 def fn_from_json_string(text: str) -> Any:
     current()
-    return json.loads(text)
+    return _json_text(text)
 
 
 # The largest zip() result (items times lists): its inputs are bounded already, but padding
@@ -239,12 +250,13 @@ def fn_json(text: Any) -> Any:
         return text
     if not isinstance(text, str):
         raise Refused(f"json() takes text or a mapping, not {type(text).__name__}")
-    return json.loads(text)
+    return _json_text(text)
 
 
-class _NoAliases(yaml.SafeLoader):
+class _NoAliases(BoundedLoader):
     """Safe YAML without aliases: ``*a`` shares a node, so nine nested lists of nine
-    aliases are a few bytes of text and billions of items once turned into JSON."""
+    aliases are a few bytes of text and billions of items once turned into JSON. Bounded
+    in depth and size, no key twice, as every document a user sends."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -255,7 +267,10 @@ class _NoAliases(yaml.SafeLoader):
 def fn_from_yaml_string(text: str) -> Any:
     if len(text) > current().limits.max_bytes:
         raise Refused("the YAML text is larger than the size limit")
-    return yaml.load(text, Loader=_NoAliases)  # a SafeLoader subclass: no Python objects
+    try:
+        return yaml.load(text, Loader=_NoAliases)  # a SafeLoader subclass: no Python objects
+    except DocumentError as exc:
+        raise Refused(str(exc)) from None
 
 
 def fn_to_yaml_string(value: Any) -> str:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sized
 from typing import Any, Final
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined
+from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -130,6 +130,25 @@ def syntax_error(text: str, *, template: bool = False) -> str | None:
     except TemplateSyntaxError as exc:
         return f"{exc.message} (line {exc.lineno})" if template else str(exc.message)
     return None
+
+
+def unknown_functions(text: str, *, template: bool = False) -> list[str]:
+    """The functions, filters and tests ``text`` (an expression, or a whole template) uses
+    that do not exist: ``name()``, ``| name``, ``is name``. Jinja only finds an unknown
+    function when it is called, at run time. ``text`` parses; nothing is evaluated."""
+    env = environment()
+    tree = env.parse(text if template else "{{ " + text + " }}")
+    # Names a template binds itself ({% set %}, {% macro %}, loop and call arguments).
+    bound = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
+    bound |= {m.name for m in tree.find_all(nodes.Macro)}
+    missing = [
+        f"{call.node.name}()"
+        for call in tree.find_all(nodes.Call)
+        if isinstance(call.node, nodes.Name) and call.node.name not in env.globals and call.node.name not in bound
+    ]
+    missing += [f"| {f.name}" for f in tree.find_all(nodes.Filter) if f.name not in env.filters]
+    missing += [f"is {t.name}" for t in tree.find_all(nodes.Test) if t.name not in env.tests]
+    return sorted(set(missing))
 
 
 def _values(ev: Evaluation) -> dict[str, Any]:

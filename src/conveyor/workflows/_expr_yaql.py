@@ -21,7 +21,16 @@ import string
 from typing import Any, Final
 
 import yaql  # type: ignore[import-untyped]
-from yaql.language import contexts, conventions, exceptions, specs, utils, yaqltypes  # type: ignore[import-untyped]
+from yaql.language import (  # type: ignore[import-untyped]
+    contexts,
+    conventions,
+    exceptions,
+    expressions,
+    specs,
+    utils,
+    yaqltypes,
+)
+from yaql.standard_library import queries  # type: ignore[import-untyped]
 
 from conveyor.workflows._expr_core import FUNCTIONS, Evaluation, Refused, current
 
@@ -96,6 +105,21 @@ def _format(template: str, *args: Any, **kwargs: Any) -> str:
         raise Refused(f"format: {exc!r}") from None
 
 
+def _sum(operator: Any, collection: Any, initial: Any = utils.NO_VALUE) -> Any:
+    # yaql's own ``sum`` is a method only (``$.l.sum()``): ``sum(l)``, which Orquesta's
+    # users write and docs/workflows.md lists, was "Unknown function". An empty collection
+    # sums to 0, as in Python (yaql's fails on it).
+    items = list(collection)
+    if not items and initial is utils.NO_VALUE:
+        return 0
+    return queries.aggregate(items, operator, initial)
+
+
+def _sum_definition() -> Any:
+    fn = specs.inject("operator", yaqltypes.Delegate("#operator_+"))(_sum)
+    return _extension(fn, "sum", "collection", yaqltypes.Iterable())
+
+
 def _extension(fn: Any, name: str, receiver: str, kind: Any) -> Any:
     """``fn`` as a yaql function callable as ``name(x, ...)`` and ``x.name(...)`` (the
     decorators applied here, not on ``fn``: yaql's are untyped)."""
@@ -136,6 +160,7 @@ def _base() -> tuple[Any, Any]:
     for name, fn in (("keys", _keys), ("values", _values), ("items", _items)):
         context.register_function(_extension(fn, name, "d", utils.MappingType))
     context.register_function(_extension(_format, "format", "template", yaqltypes.String()))
+    context.register_function(_sum_definition())
     return engine, context
 
 
@@ -158,6 +183,27 @@ def syntax_error(text: str) -> str | None:
     except (exceptions.YaqlException, ValueError, TypeError) as exc:
         return str(exc)
     return None
+
+
+def unknown_functions(text: str) -> list[str]:
+    """The functions ``text`` calls that do not exist, as ``name()`` (a call) or ``.name()``
+    (a method: ``x.name()``); by looking them up, nothing is evaluated. ``text`` parses."""
+    _, context = _base()
+    missing: list[str] = []
+    stack: list[tuple[Any, bool]] = [(parse(text), False)]
+    while stack:
+        node, as_method = stack.pop()
+        if type(node) is expressions.Function:  # operators, indexers, ... are Function subclasses
+            # The base Context's lookup: ours checks an evaluation's deadline, and there is none.
+            found = [f for layer in contexts.Context.collect_functions(context, node.name) for f in layer]
+            if not any(f.is_method if as_method else f.is_function for f in found):
+                missing.append(f".{node.name}()" if as_method else f"{node.name}()")
+        if isinstance(node, expressions.MappingRuleExpression):
+            stack += [(node.source, False), (node.destination, False)]
+        args = list(getattr(node, "args", None) or ())
+        method_call = isinstance(node, expressions.BinaryOperator) and node.name == "#operator_." and len(args) == 2
+        stack += [(arg, method_call and i == 1) for i, arg in enumerate(args)]
+    return sorted(set(missing))
 
 
 def evaluate(text: str, ev: Evaluation) -> Any:

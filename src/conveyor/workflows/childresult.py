@@ -9,7 +9,10 @@ sub-workflows and inquiries the value itself (a workflow's output, an inquiry's 
 - a Python action's return value (``data``): ``result().image``;
 - a command that declared no JSON output: its output, ``{"stdout", "stderr",
   "exit_code"}`` (StackStorm's local runner shape, so Orquesta's ``result().stdout``
-  works unchanged);
+  works unchanged). Output that is not UTF-8 text (or holds a NUL) is stored as base64
+  with ``stdout_encoding: "base64"``; it is given as the output API's chunk shape,
+  ``{"encoding": "base64", "data": "<base64>"}``, so that it is never taken for the text
+  of the output (``"YQBi/w=="`` was ``printf 'a\\0b\\377'``, its flag lost);
 - a sub-workflow's output, an inquiry's answer: as they are;
 - a failure: ``{"error": message}``, plus ``exit_code``/``stdout``/``stderr`` for an
   action (``result().stderr`` in a failure transition), plus ``errors`` for a failed
@@ -39,15 +42,24 @@ def child_value(status: str, result: Any) -> tuple[Any, str | None]:
         if is_envelope(result):
             if result.get("data") is not None:
                 return result["data"], None
-            return {k: result.get(k) for k in _OUTPUT}, None
+            return _output(result, _OUTPUT), None
         return result, None
     error = _error_text(status, result)
     value: dict[str, Any] = {"error": error}
     if is_envelope(result):
-        value.update({k: result.get(k) for k in _OUTPUT if k in result})
+        value.update(_output(result, tuple(k for k in _OUTPUT if k in result)))
     elif isinstance(result, list) and result and all(isinstance(e, dict) for e in result):
         value["errors"] = result
     return value, error
+
+
+def _output(result: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The ``keys`` of an envelope, a stream stored as base64 with its flag (see the module doc)."""
+    out = {k: result.get(k) for k in keys}
+    for stream in ("stdout", "stderr"):
+        if stream in out and result.get(f"{stream}_encoding") == "base64":
+            out[stream] = {"encoding": "base64", "data": out[stream]}
+    return out
 
 
 def error_of(value: Any) -> str | None:

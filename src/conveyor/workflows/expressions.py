@@ -39,7 +39,17 @@ from conveyor.workflows._expr_core import (
     item_vars,
 )
 
-__all__ = ["MISSING", "ExpressionError", "Limits", "Scope", "evaluate", "has_expression", "item_vars", "syntax_errors"]
+__all__ = [
+    "MISSING",
+    "ExpressionError",
+    "Limits",
+    "Scope",
+    "evaluate",
+    "has_expression",
+    "item_vars",
+    "syntax_errors",
+    "unknown_functions",
+]
 
 # One expression: YAQL, Jinja expression, Jinja block. Non-greedy: the first closer ends it.
 _TOKEN: Final = re.compile(r"<%(.*?)%>|\{\{(.*?)\}\}|\{%(.*?)%\}", re.DOTALL)
@@ -174,3 +184,41 @@ def _string_errors(text: str) -> list[str]:
         if message:
             errors.append(f"{m.group(0)!r}: {message}")
     return errors
+
+
+def unknown_functions(value: Any) -> list[str]:
+    """For every expression in ``value`` (walked like :func:`evaluate`) that parses and calls
+    a function, filter or test that does not exist: ``'<% sum2(x) %>': unknown function
+    sum2()``. Registration refuses these: at run time they would fail the workflow."""
+    found: list[str] = []
+    if isinstance(value, str):
+        if has_expression(value) and not _string_errors(value):
+            found.extend(_string_unknown(value))
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            found.extend(unknown_functions(v))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            found.extend(unknown_functions(v))
+    return found
+
+
+def _string_unknown(text: str) -> list[str]:
+    tokens = list(_TOKEN.finditer(text))
+    if any(m.group(3) is not None for m in tokens):
+        names = _expr_jinja.unknown_functions(text, template=True)
+        return [f"{_shown(text)!r}: unknown {_what(n)} {n}" for n in names]
+    found: list[str] = []
+    for m in tokens:
+        inner = (m.group(1) if m.group(1) is not None else m.group(2)).strip()
+        names = _expr_yaql.unknown_functions(inner) if m.group(1) is not None else _expr_jinja.unknown_functions(inner)
+        found += [f"{m.group(0)!r}: unknown {_what(n)} {n}" for n in names]
+    return found
+
+
+def _what(name: str) -> str:
+    if name.startswith("| "):
+        return "filter"
+    if name.startswith("is "):
+        return "test"
+    return "method" if name.startswith(".") else "function"

@@ -16,6 +16,7 @@ from typing import Any, Final
 import jsonschema
 import yaml
 
+from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_yaml
 from conveyor.workflows import legacy
 from conveyor.workflows.problems import Problem, WorkflowError, join
 from conveyor.workflows.shorthand import ShorthandError, pairs, split_action, task_names
@@ -35,12 +36,15 @@ WITH_KEYS: Final = ("items", "concurrency")
 RETRY_KEYS: Final = ("when", "count", "delay", "backoff", "max_delay")
 
 
-def parse_workflow(text: str, ref: str | None = None) -> WorkflowSpec:
+def parse_workflow(text: str, ref: str | None = None, limits: Limits = DEFAULT_LIMITS) -> WorkflowSpec:
     """The workflow in YAML ``text``; ``ref`` supplies or overrides its ``ref:``.
 
-    Raises :class:`WorkflowError` listing every problem found."""
+    Raises :class:`WorkflowError` listing every problem found; a text past ``limits``
+    (aliases, depth, size) or naming a key twice is refused before it is expanded."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, limits)
+    except DocumentError as exc:
+        raise WorkflowError([Problem("", str(exc))]) from None
     except yaml.YAMLError as exc:
         raise WorkflowError([Problem("", _yaml_message(exc))]) from None
     return load_workflow(data, ref)

@@ -20,6 +20,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import InvalidWorkflowError
 from conveyor.workflows.parse import load_workflow, parse_workflow
 from conveyor.workflows.problems import Problem, WorkflowError
@@ -60,7 +61,7 @@ class Registration:
         }
 
 
-def _parse(d: Definition) -> WorkflowSpec:
+def _parse(d: Definition, limits: Limits) -> WorkflowSpec:
     if d.spec is not None:
         return d.spec if d.ref is None or d.ref == d.spec.ref else _renamed(d.spec, d.ref)
     if d.data is not None:
@@ -69,21 +70,24 @@ def _parse(d: Definition) -> WorkflowSpec:
         raise WorkflowError([Problem("", "no definition given")])
     if len(d.text) > MAX_SOURCE:
         raise WorkflowError([Problem("", f"the definition is over {MAX_SOURCE} characters")])
-    return parse_workflow(d.text, ref=d.ref)
+    return parse_workflow(d.text, ref=d.ref, limits=limits)
 
 
 def _renamed(spec: WorkflowSpec, ref: str) -> WorkflowSpec:
     return WorkflowSpec.from_json({**spec.to_json(), "ref": ref})
 
 
-def prepare(definitions: Sequence[Definition], known_actions: Collection[str]) -> list[Registration]:
+def prepare(
+    definitions: Sequence[Definition], known_actions: Collection[str], limits: Limits = DEFAULT_LIMITS
+) -> list[Registration]:
     """The checked registrations, in order; InvalidWorkflowError lists every problem of
-    every definition (a definition that does not parse is not validated further)."""
+    every definition (a definition that does not parse is not validated further). A text
+    is read within ``limits`` (the ``documents`` settings)."""
     problems: list[tuple[str, str, str]] = []
     specs: list[tuple[Definition, WorkflowSpec]] = []
     for d in definitions:
         try:
-            specs.append((d, _parse(d)))
+            specs.append((d, _parse(d, limits)))
         except WorkflowError as exc:
             problems += [(d.where, p.path, p.message) for p in exc.problems]
     known = {*known_actions, *(spec.ref for _, spec in specs)}

@@ -25,10 +25,15 @@ def split_action(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def pairs(text: str) -> dict[str, Any]:
-    """``key=value`` pairs separated by blanks. A value is quoted ('...' or "...", with
-    backslash escapes), or runs to the next blank, expressions kept whole whatever blanks
-    they hold. Unquoted values that are JSON scalars (``3``, ``true``, ``null``) become
-    those; everything else stays text."""
+    """``key=value`` pairs separated by blanks. A value is quoted ('...' or "..."), or runs
+    to the next blank, expressions kept whole whatever blanks they hold. Unquoted values
+    that are JSON scalars (``3``, ``true``, ``null``) become those; everything else stays
+    text.
+
+    Inside quotes the text is kept as written, backslashes included (Orquesta keeps them:
+    ``cmd='printf "x\\ty\\n"'`` runs ``printf "x\\ty\\n"``), except that ``\\'`` (``\\"``)
+    puts the quote itself in the value; ``\\\\`` is kept as the two backslashes it is, so
+    a value may end in one (``'C:\\\\'``)."""
     out: dict[str, Any] = {}
     at = 0
     while True:
@@ -51,8 +56,10 @@ def _value(text: str, at: int) -> tuple[Any, int]:
         quote, chars, i = text[at], [], at + 1
         while i < len(text):
             c = text[i]
-            if c == "\\" and i + 1 < len(text):
-                chars.append(text[i + 1])
+            if c == "\\" and i + 1 < len(text) and text[i + 1] in (quote, "\\"):
+                # The escaped quote alone loses its backslash; a doubled backslash stays
+                # whole but is skipped as a pair, so that it does not escape a quote.
+                chars.append(text[i + 1] if text[i + 1] == quote else "\\\\")
                 i += 2
                 continue
             if c == quote:

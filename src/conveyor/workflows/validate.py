@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from conveyor.workflows.expressions import has_expression, syntax_errors
+from conveyor.workflows.expressions import has_expression, syntax_errors, unknown_functions
 from conveyor.workflows.problems import Problem, join
 from conveyor.workflows.spec import COMMANDS, TaskSpec, WorkflowSpec
 
@@ -81,6 +81,7 @@ def _task(problems: list[Problem], spec: WorkflowSpec, task: TaskSpec, path: str
 
 def _expressions(problems: list[Problem], path: str, value: Any) -> None:
     problems.extend(Problem(path, f"expression syntax error: {error}") for error in syntax_errors(value))
+    problems.extend(Problem(path, f"expression {e}") for e in unknown_functions(value))
 
 
 def _graph(problems: list[Problem], spec: WorkflowSpec) -> None:

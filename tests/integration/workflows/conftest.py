@@ -50,6 +50,17 @@ async def local(cmd: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC
     return result
 
 
+# Conveyor's own core.local under another name (this world's core.local is StackStorm's,
+# which decodes output as text): output kept exactly, flagged base64 when it is not UTF-8.
+extra.subprocess_action(
+    "tests.sh",
+    shell=True,
+    command_parameter="cmd",
+    parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    stdin="none",
+)
+
+
 @pytest.fixture
 async def world(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """Services running; yields their pool (tests read and write through ``conn``)."""

@@ -19,6 +19,14 @@ def test_a_command_without_json_output_gives_its_output_as_stackstorm_does() -> 
     assert value == {"exit_code": 0, "stdout": "hello\n", "stderr": ""}
 
 
+def test_output_that_is_not_text_keeps_its_encoding_flag() -> None:
+    stored = {**envelope(None, stdout="YQBi/w=="), "stdout_encoding": "base64", "stderr_encoding": "utf-8"}
+    value, _ = child_value("completed", stored)
+    assert value == {"exit_code": 0, "stdout": {"encoding": "base64", "data": "YQBi/w=="}, "stderr": ""}
+    failed = {**envelope(succeeded=False, error="exit 1"), "stderr": "/w==", "stderr_encoding": "base64"}
+    assert child_value("failed", failed)[0]["stderr"] == {"encoding": "base64", "data": "/w=="}
+
+
 def test_raw_results_of_subworkflows_and_inquiries_pass_through() -> None:
     assert child_value("completed", {"answer": "yes"}) == ({"answer": "yes"}, None)
     assert child_value("completed", [1, 2]) == ([1, 2], None)

@@ -190,6 +190,10 @@ def test_with_shorthand_string_and_literal_list() -> None:
         ("core.echo m=<% ctx(a) + ' ' + ctx(b) %>", {"m": "<% ctx(a) + ' ' + ctx(b) %>"}),
         ('core.echo m=\'it\\\'s "quoted"\' n="3"', {"m": 'it\'s "quoted"', "n": "3"}),
         ("core.echo l=[1,2]", {"l": "[1,2]"}),
+        # Backslashes are kept as written (Orquesta keeps them); only an escaped quote
+        # loses its backslash, and a doubled one is kept whole (so it may end a value).
+        ("core.echo cmd='printf \"x\\ty\\n\"'", {"cmd": 'printf "x\\ty\\n"'}),
+        ('core.echo p="C:\\temp\\new" q=\'C:\\\\\' r="a\\"b"', {"p": "C:\\temp\\new", "q": "C:\\\\", "r": 'a"b'}),
     ],
 )
 def test_action_shorthand(action: str, expected: dict[str, object]) -> None:

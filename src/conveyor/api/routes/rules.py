@@ -42,7 +42,8 @@ REGISTER_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def register(request: Request, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Register (create or update) a rule; nothing is stored unless it is valid."""
     body = await request.body()
-    spec = await run_in_threadpool(parse.load, body)  # YAML and templates: CPU work, off the loop
+    # YAML and templates are CPU work: off the event loop.
+    spec = await run_in_threadpool(parse.load, body, "", ctx.settings.documents.limits())
     async with ctx.pool.connection() as conn:
         with verbs.refusals():
             row = await (await conn.execute(Q["register_rule"], register_args(spec))).fetchone()

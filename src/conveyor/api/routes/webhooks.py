@@ -100,7 +100,7 @@ async def _accept(request: Request, ctx: ApiContext, hook: dict[str, Any]) -> JS
             which = "missing" if sent is None else "wrong"
             raise door.Refusal(401, f"{which} signature: {hook['signature_header']} must be "
                                     f"{hook['signature_prefix']}<HMAC-SHA256 of the body, hex>")  # fmt: skip
-    value = door.parse_body(body, request.headers.get("content-type"))
+    value = door.parse_body(body, request.headers.get("content-type"), ctx.settings.documents.limits())
     key = door.idempotency_key(request.headers.get(hook["idempotency_header"]))
     payload = {"body": value, "headers": door.kept_headers(request.headers, hook["idempotency_header"])}
     problems = door.check_payload(hook["payload_schema"], payload)

@@ -57,7 +57,7 @@ async def register(body: WorkflowIn, ctx: Ctx, _: Operator) -> dict[str, Any]:
     async with ctx.pool.connection() as conn, conn.transaction():
         known = [r["ref"] for r in await (await conn.execute(Q["workflow_known_actions"])).fetchall()]
         # Parsing and validating is CPU work (YAML, expressions): off the event loop.
-        (registration,) = await run_in_threadpool(prepare, [definition], known)
+        (registration,) = await run_in_threadpool(prepare, [definition], known, ctx.settings.documents.limits())
         with verbs.refusals():
             row = await (await conn.execute(Q["register_workflow"], registration.params())).fetchone()
         return await _workflow(conn, registration.spec.ref, row["version"])

@@ -1,0 +1,200 @@
+"""Reading a document a user sent (YAML or JSON) without letting a few bytes become a
+large value: every door that takes one from a user (workflows, rules, triggers,
+schedules, webhooks, event payloads, inquiry answers, the CLI's files) reads it here.
+
+YAML aliases share a node: ``&l1 [x, x]``, ``&l2 [*l1, *l1]``, ... nine levels of nine
+are a few hundred bytes of text and billions of items once turned into JSON (which is how
+a definition is stored). The loader counts while it composes, before anything is
+constructed or expanded: each node's expanded weight (nodes, scalar characters, height)
+is known when it is finished, an alias adds its anchor's weight, and the document is
+refused the moment a bound is passed. A mapping that names a key twice is refused too
+(YAML and JSON both let the last one win silently: two tasks named ``a`` lost the first).
+
+JSON has no aliases, so it is never larger than its text; it is still bounded in depth
+(Python's parser gives up with a RecursionError about 1000 levels deep, and what comes
+after recurses too) and in nodes, and refused with the same one-line messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from conveyor.domain import jsontext
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds of one document (settings ``documents.*``, docs/configuration.md).
+
+    Set so that a document never expands beyond what could have been sent written out in
+    full within ``api.max_body_bytes``, and far above real workflows and rules."""
+
+    max_depth: int = 100  # nesting of mappings and sequences
+    max_nodes: int = 1_000_000  # scalars, mappings and sequences, aliases expanded
+    max_aliases: int = 10_000  # *name references
+    max_bytes: int = 10 * 1024 * 1024  # characters of the scalars, aliases expanded
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class DocumentError(ValueError):
+    """A document refused before it was expanded: one line saying which bound or key."""
+
+
+def _over(what: str, limit: int, setting: str) -> DocumentError:
+    return DocumentError(f"the document has more than {limit} {what} (documents.{setting})")
+
+
+class _Weight:
+    """A running count of the expanded document."""
+
+    __slots__ = ("bytes", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.bytes = 0
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that counts while composing and refuses duplicate keys.
+
+    Reusable by any reader of user YAML (packs later): ``load_yaml(text, limits)``."""
+
+    def __init__(self, stream: str | bytes, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(stream)
+        self.limits = limits
+        self.total = _Weight()
+        self.aliases = 0
+        self.depth = 0  # of the node being composed
+        self.heights: list[int] = [0]  # the tallest child seen so far, per open collection
+        # An anchored node's expanded (nodes, bytes, height), once it is complete. Keyed by
+        # id(): the nodes live in the document being composed, so ids are not reused.
+        self.weights: dict[int, tuple[int, int, int]] = {}
+
+    def _add(self, nodes: int, size: int, height: int) -> None:
+        total, limits = self.total, self.limits
+        total.nodes += nodes
+        total.bytes += size
+        if total.nodes > limits.max_nodes:
+            raise _over("nodes (aliases expanded)", limits.max_nodes, "max_nodes")
+        if total.bytes > limits.max_bytes:
+            raise _over("characters of text (aliases expanded)", limits.max_bytes, "max_bytes")
+        if self.depth + height > limits.max_depth:
+            raise _over("levels of nesting", limits.max_depth, "max_depth")
+        self.heights[-1] = max(self.heights[-1], height)
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > self.limits.max_aliases:
+                raise _over("aliases", self.limits.max_aliases, "max_aliases")
+            node = self.anchors.get(event.anchor)  # an unknown one: the composer's own error
+            if node is not None:
+                weight = self.weights.get(id(node))
+                if weight is None:  # still open: `&a [*a]` is an infinite document
+                    line = event.start_mark.line + 1 if event.start_mark else 0
+                    raise DocumentError(f"the alias *{event.anchor} at line {line} is inside its own anchor")
+                self._add(*weight)
+            return super().compose_node(parent, index)
+        self.depth += 1
+        if self.depth > self.limits.max_depth:
+            raise _over("levels of nesting", self.limits.max_depth, "max_depth")
+        self.heights.append(0)
+        before_nodes, before_bytes = self.total.nodes, self.total.bytes
+        node = super().compose_node(parent, index)
+        height = self.heights.pop() + 1
+        self.depth -= 1
+        assert node is not None
+        self._add(1, len(node.value) if isinstance(node, ScalarNode) else 0, height)
+        if getattr(event, "anchor", None) is not None:
+            self.weights[id(node)] = (self.total.nodes - before_nodes, self.total.bytes - before_bytes, height)
+        return node
+
+    def compose_mapping_node(self, anchor: Any) -> MappingNode:
+        node: MappingNode = super().compose_mapping_node(anchor)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            # A merge (`<<: *base`) brings keys that the mapping may override: not duplicates.
+            if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE:
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DocumentError(f"duplicate key {key!r} at line {line} (first at line {seen[key]})")
+            seen[key] = line
+        return node
+
+
+def load_yaml(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """The one document in ``text`` (YAML, or JSON which is YAML), refused with
+    :class:`DocumentError` past ``limits`` or with a duplicate key; ``yaml.YAMLError`` when
+    it is not YAML."""
+    loader = BoundedLoader(text, limits)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise DocumentError(f"duplicate key {key!r} in a JSON object")
+    return value
+
+
+def load_json(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """The JSON value of ``text``, as strict as :func:`jsontext.loads` (``NotFinite``,
+    ``json.JSONDecodeError``), refused with :class:`DocumentError` past ``limits`` or with a
+    duplicate key."""
+    try:
+        value = json.loads(
+            text,
+            parse_constant=jsontext.no_constant,
+            parse_float=jsontext.finite_float,
+            object_pairs_hook=_pairs,
+        )
+    except RecursionError:
+        raise _over("levels of nesting", limits.max_depth, "max_depth") from None
+    check(value, limits)
+    return value
+
+
+def _children(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        yield from value.values()
+    elif isinstance(value, list | tuple):
+        yield from value
+
+
+def check(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse an already-decoded JSON value past ``limits`` (without recursion: the value
+    may be as deep as the parser allowed)."""
+    nodes, size = 0, 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise _over("nodes", limits.max_nodes, "max_nodes")
+        if depth > limits.max_depth:
+            raise _over("levels of nesting", limits.max_depth, "max_depth")
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, dict):
+            size += sum(len(k) for k in item if isinstance(k, str))
+        if size > limits.max_bytes:
+            raise _over("characters of text", limits.max_bytes, "max_bytes")
+        stack.extend((child, depth + 1) for child in _children(item))

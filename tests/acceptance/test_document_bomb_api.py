@@ -1,0 +1,81 @@
+"""Acceptance: the issue's billion-laughs workflow sent to a real ``conveyor api`` process
+(issue #25, point 1). Before: 201, the definition stored as 39 MB, the process grew by
+hundreds of MB and ``/health/live`` stopped answering for seconds. Now: 422 naming the
+bound, and while it is answered ``/health/live`` keeps answering and the process does not
+grow. The figures are printed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from acceptance.helpers import Procs, conveyor_env
+from acceptance.test_api_cli import create_token, free_port
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def env(db_url: str) -> dict[str, str]:
+    return conveyor_env(db_url)
+
+
+def bomb(levels: int = 7, width: int = 9) -> str:
+    lines = ["ref: tests.bomb", "vars:", "  - l0: &l0 lol"]
+    for n in range(1, levels + 1):
+        lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
+    lines += ["tasks:", "  a:", "    action: core.noop"]
+    return "\n".join(lines) + "\n"
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's high-water mark of resident memory (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_the_bomb_is_refused_while_the_api_keeps_answering(procs: Procs) -> None:
+    port = free_port()
+    api = procs.start("api", name="api", env={**procs.env, "CONVEYOR__API__PORT": str(port)})
+    api.wait_for_log("API listening", timeout=30)
+    base, pid = f"http://127.0.0.1:{port}", api.pid
+    token = create_token(procs, "operator")
+    with httpx.Client(base_url=base, timeout=60) as client:
+        assert client.get("/health/live").status_code == 200
+        before = peak_rss_mib(pid)
+        gaps: list[float] = []
+        stop = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=base, timeout=60) as prober:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    assert prober.get("/health/live").status_code == 200
+                    gaps.append(time.perf_counter() - started)
+                    time.sleep(0.02)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            started = time.perf_counter()
+            response = client.post("/api/v1/workflows", json={"source": bomb()},
+                                   headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            took = time.perf_counter() - started
+            time.sleep(0.3)  # a few probes after the answer too
+        finally:
+            stop.set()
+            prober.join(60)
+        after = peak_rss_mib(pid)
+    print(f"\nconveyor api, 7-level bomb ({len(bomb())} bytes): {response.status_code} in {took * 1000:.0f} ms; "
+          f"slowest /health/live {max(gaps) * 1000:.0f} ms over {len(gaps)} probes; "
+          f"peak RSS {before:.0f} -> {after:.0f} MiB")  # fmt: skip
+    assert response.status_code == 422, response.text
+    assert "documents.max_nodes" in response.text
+    assert max(gaps) < 1.0
+    assert after - before < 50
