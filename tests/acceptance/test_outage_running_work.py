@@ -22,9 +22,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from acceptance.helpers import Procs, conveyor_env, eventually
+from acceptance.netns import Forwarder
 from acceptance.pg import PrivatePostgres
 from conveyor.sdk import request_execution
 
@@ -100,3 +102,54 @@ def test_a_command_running_across_an_outage_ends_as_the_runbook_says(
     for proc in (executor, worker):
         assert proc.returncode is None, proc.logs()
         assert "Traceback" not in proc.stderr(), proc.logs()
+
+
+def test_a_result_finished_in_an_outage_longer_than_the_threshold_is_written(
+    private_pg: PrivatePostgres, procs: Procs, tmp_path: Path
+) -> None:
+    """The server is down 35 s, longer than the executors' bound (30 s) whatever the
+    heartbeat's phase; the command ends 2 s into the outage, its result waits in the
+    worker, which reaches the server again 3 s after the executors do. Nobody could have
+    recovered anything while the server was down: the result is written, one run,
+    attempt 1. (Before, the executors declared the worker dead the moment the server was
+    back, refused its result and ran the command again.)"""
+    url = private_pg.url
+    with Forwarder("127.0.0.1", ("127.0.0.1", private_pg.port)) as forwarder:
+        via = make_conninfo(url, host=forwarder.host, port=str(forwarder.port))
+        executor = procs.start(
+            "executor", name="executor", env={**procs.env, "CONVEYOR__RECOVERY__SWEEP_INTERVAL": "0.2"}
+        )
+        worker = procs.start("worker", "--name", "w1", name="worker", env={**procs.env, "DATABASE_URL": via})
+        executor.wait_for_log("executor started", timeout=60)
+        worker.wait_for_log("worker registered", timeout=60)
+
+        def logs() -> str:
+            return procs.logs() + "\n" + private_pg.logs()
+
+        record = tmp_path / "runs.txt"
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row, options="-c search_path=conveyor") as conn:
+            eid = request_execution(conn, "core.local", {"cmd": f"echo run >> {record}; sleep 2; echo done"})
+        eventually(lambda: record.exists(), timeout=30, message=logs)
+
+        private_pg.stop("fast")
+        down = time.monotonic()
+        while time.monotonic() - down < 35.0:
+            time.sleep(0.1)
+        forwarder.closing.set()  # the worker gets through only 3 s after the executor
+        private_pg.start()
+        back = time.monotonic()
+        while time.monotonic() - back < 3.0:
+            time.sleep(0.1)
+        forwarder.closing.clear()
+
+        def ended() -> dict[str, Any] | None:
+            row = _rows(url, "SELECT status, attempt FROM execution WHERE id = %s", (eid,))[0]
+            return row if row["status"] in TERMINAL else None
+
+        row = eventually(ended, timeout=60, interval=0.2, message=logs)
+        assert row == {"status": "completed", "attempt": 1}, logs()
+        assert record.read_text().splitlines() == ["run"], logs()
+        assert "marking as inactive" not in executor.stderr(), executor.logs()
+        for proc in (executor, worker):
+            assert proc.returncode is None, proc.logs()
+            assert "Traceback" not in proc.stderr(), proc.logs()
