@@ -30,10 +30,12 @@ KEEPALIVES: Mapping[str, Any] = {
 }
 
 
-# database.reconnect_interval and database.pool_timeout (config_connections.py): their
-# defaults, for the pools made outside the services (tests, CLI commands).
+# database.reconnect_interval's default (config_connections.py), for the pools and
+# listeners made outside the services (tests, CLI commands).
 RECONNECT_INTERVAL = 0.5
-POOL_TIMEOUT = 10.0
+# The wait for a connection of the pools made outside the services: psycopg_pool's own
+# default, unchanged for them; the services pass database.pool_timeout.
+POOL_TIMEOUT = 30.0
 
 # This process's tag, carried by every session it opens (application_name "... [tag]")
 # and recorded by a worker when it registers (migration 0022). A process that dies
