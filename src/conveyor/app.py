@@ -142,7 +142,9 @@ async def serve(
     worker_only = run_worker and not run_executor
     idle = min(IDLE_IN_TRANSACTION, settings.worker.self_fence_after) if worker_only else IDLE_IN_TRANSACTION
     pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
-                     prepare_threshold=settings.database.prepare_threshold, idle_timeout=idle)  # fmt: skip
+                     prepare_threshold=settings.database.prepare_threshold, idle_timeout=idle,
+                     reconnect_interval=settings.database.reconnect_interval,
+                     timeout=settings.database.pool_timeout)  # fmt: skip
     await pool.open(wait=True, timeout=30)
     try:
         if pooled:

@@ -24,6 +24,21 @@ class DatabaseSettings(Section):
         "conveyor", alias="schema", pattern=r"^[a-z_][a-z0-9_]*$", description="schema holding every Conveyor object"
     )
     pool_size: int = Field(10, ge=2, description="connections per process")
+    reconnect_interval: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="while the database cannot be reached, the longest a process waits between two attempts to "
+        "reconnect its pool and its LISTEN session: work resumes within about this long of the server answering "
+        "again, however long the outage",
+    )
+    pool_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="how long a pass of the executor or worker waits for a connection from the pool before it "
+        "gives up, logs it and tries again (the API waits api.database_timeout)",
+    )
     direct_url: str | None = Field(
         None,
         description="PostgreSQL URL of the connections that must stay one server session: a worker's "

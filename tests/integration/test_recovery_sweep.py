@@ -56,6 +56,27 @@ async def test_stale_heartbeat_marks_a_worker_inactive(conn: Conn, pool: Pool, t
     assert (await recovery(pool, transport).sweep())["dead"] == 0
 
 
+async def test_after_a_restart_a_heartbeat_ages_from_the_new_server_lifetime(
+    conn: Conn, pool: Pool, transport: PostgresTransport
+) -> None:
+    """No worker could beat while the server was down: right after a restart (no epoch
+    stamped in this lifetime yet) a heartbeat older than its bound is not a dead worker;
+    the sweep stamps the epoch and judges it a threshold later (issue 25)."""
+    outlasted = add_worker(conn, "w-outage", heartbeat="now() - interval '1 hour'", stale_after=30)
+    # A new server lifetime: the recorded epoch belongs to another postmaster.
+    conn.execute("UPDATE server_epoch SET postmaster_start = '2000-01-01'")
+    assert conn.execute("SELECT current_server_epoch() AS e").fetchone()["e"] is None
+
+    assert (await recovery(pool, transport).sweep())["dead"] == 0
+    assert worker_status(conn, outlasted) == "active"
+    assert conn.execute("SELECT current_server_epoch() IS NOT NULL AS stamped").fetchone()["stamped"] is True
+
+    # Still silent a threshold after the server's return: dead.
+    conn.execute("UPDATE server_epoch SET epoch = now() - interval '31 seconds'")
+    assert (await recovery(pool, transport).sweep())["dead"] == 1
+    assert worker_status(conn, outlasted) == "inactive"
+
+
 async def test_released_lock_marks_a_worker_inactive_at_once(
     conn: Conn, lock_holder: Conn, pool: Pool, transport: PostgresTransport
 ) -> None:

@@ -30,7 +30,12 @@ KEEPALIVES: Mapping[str, Any] = {
 }
 
 
-RECONNECT_TIMEOUT = 5.0
+# database.reconnect_interval's default (config_connections.py), for the pools and
+# listeners made outside the services (tests, CLI commands).
+RECONNECT_INTERVAL = 0.5
+# The wait for a connection of the pools made outside the services: psycopg_pool's own
+# default, unchanged for them; the services pass database.pool_timeout.
+POOL_TIMEOUT = 30.0
 
 # This process's tag, carried by every session it opens (application_name "... [tag]")
 # and recorded by a worker when it registers (migration 0022). A process that dies
@@ -116,30 +121,50 @@ def make_pool(
     pooled: bool = False,
     prepare_threshold: int | None = 5,
     idle_timeout: float = IDLE_IN_TRANSACTION,
+    reconnect_interval: float = RECONNECT_INTERVAL,
+    timeout: float = POOL_TIMEOUT,
 ) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
     """The process's pool. ``pooled``/``prepare_threshold``: see conninfo_kwargs and
-    DatabaseSettings.prepare_threshold (database.pooler, database.prepared_statements)."""
+    DatabaseSettings.prepare_threshold (database.pooler, database.prepared_statements).
+    ``reconnect_interval``, ``timeout``: database.reconnect_interval, database.pool_timeout."""
     return AsyncConnectionPool(
         url,
         min_size=1,
         max_size=max_size,
         open=False,
+        # The default wait for a connection (the API passes its own, api.database_timeout):
+        # a loop whose pass cannot get one in this time logs it and tries again, rather
+        # than sitting out psycopg_pool's 30 s.
+        timeout=timeout,
         kwargs={
             "row_factory": dict_row,
             "prepare_threshold": prepare_threshold,
             **conninfo_kwargs(schema, application_name, pooled=pooled, idle_timeout=idle_timeout),
         },
         connection_class=psycopg.AsyncConnection[Row],
-        # The pool retries a lost connection with a doubling delay until reconnect_timeout
-        # (300 s by default): after an outage of a minute the next try came up to a minute
-        # after the database was back, every request answered 503 meanwhile. Giving up
-        # after a few seconds resets it: the next request that finds no connection starts a
-        # fresh attempt at once.
-        reconnect_timeout=RECONNECT_TIMEOUT,
+        # The pool retries a lost connection with a doubling delay (1, 2, 4 s...) until
+        # reconnect_timeout, then gives up and tries again only when a new request finds
+        # no connection. With its 300 s default the next try came up to a minute after the
+        # database was back; with 5 s, a worker whose loops all waited inside the pool
+        # sat idle up to ~22 s (issue 25). Each attempt now gives up after
+        # reconnect_interval, and _keep_reconnecting starts the next one at once: a
+        # try at least every reconnect_interval, however long the outage.
+        reconnect_timeout=reconnect_interval,
+        reconnect_failed=_keep_reconnecting,
         # No check on checkout (it would cost a round trip on every use): a connection
         # broken by a database restart fails its statement, the caller's loop retries,
         # and the pool discards the broken connection when it comes back.
     )
+
+
+async def _keep_reconnecting(pool: AsyncConnectionPool[Any]) -> None:
+    """The pool gave up one reconnection attempt (reconnect_timeout): while it holds fewer
+    connections than its minimum -- all of them lost, the database down -- start another
+    at once instead of waiting for the next request. ``check()`` is the pool's public door
+    to that (it grows a pool that lacks connections); with none idle it tests nothing."""
+    if pool.closed or pool.get_stats().get("pool_size", 0) >= pool.min_size:
+        return
+    await pool.check()
 
 
 async def check_pool_url(url: str, schema: str, application_name: str) -> None:

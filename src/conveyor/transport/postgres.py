@@ -12,7 +12,7 @@ import psycopg
 import structlog
 
 from conveyor.metrics import transport_error
-from conveyor.store.db import conninfo_kwargs, listen_statement
+from conveyor.store.db import RECONNECT_INTERVAL, conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -21,8 +21,19 @@ log = structlog.get_logger(__name__)
 class PostgresTransport(Transport):
     kind = "postgres"
 
-    def __init__(self, url: str, schema: str, application_name: str = "conveyor-listener") -> None:
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        application_name: str = "conveyor-listener",
+        *,
+        reconnect_interval: float = RECONNECT_INTERVAL,
+    ) -> None:
         self._url = url
+        # The back-off's ceiling (database.reconnect_interval): consumers poll meanwhile, but
+        # a listener that reconnected only 5 s after the server was back left every doorbell
+        # silent -- each dispatch waited for a poll -- that long.
+        self._max_delay = reconnect_interval
         self._schema = schema
         self._application_name = application_name
         self._bells: dict[str, list[Doorbell]] = defaultdict(list)
@@ -49,7 +60,7 @@ class PostgresTransport(Transport):
                 bell.ring()
 
     async def run(self, ready: asyncio.Event) -> None:
-        delay = 0.1
+        delay = min(0.1, self._max_delay)
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -59,7 +70,7 @@ class PostgresTransport(Transport):
                 log.warning("listener cannot connect; retrying", error=str(exc).strip(), retry_in=delay)
                 transport_error("postgres", "connect")
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, self._max_delay)
                 continue
             # Closed in ``finally``, not by ``async with conn``: that rolls back first when
             # the block raises, and a cancellation landing in that rollback (a shutdown)
@@ -70,13 +81,13 @@ class PostgresTransport(Transport):
                 continue  # the server ended the notifications stream: listen again at once
             except psycopg.OperationalError as exc:
                 if self._connected:  # it had listened: a new outage, the back-off starts over
-                    delay, self._connected = 0.1, False
+                    delay, self._connected = min(0.1, self._max_delay), False
                 log.warning("listener connection lost; reconnecting", error=str(exc).strip())
                 transport_error("postgres", "consume")
             finally:
                 await conn.close()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, self._max_delay)
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any], ready: asyncio.Event) -> None:
         for name in self._bells:

@@ -100,7 +100,8 @@ class RabbitMQTransport(Transport):
         self.names = m.Names(self._mq.prefix, settings.dead_letter_exchange)
         self._schema = settings.database.schema_name
         self._application_name = application_name
-        self._pg = PostgresTransport(db_url, self._schema, application_name)
+        self._pg = PostgresTransport(db_url, self._schema, application_name,
+                                     reconnect_interval=settings.database.reconnect_interval)  # fmt: skip
         self._bells: dict[str, list[Doorbell]] = defaultdict(list)
         self._workers: set[int] = set()
         self._sink: DeadLetterSink | None = None

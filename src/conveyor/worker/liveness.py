@@ -231,8 +231,14 @@ class Liveness:
                 await self._drop_connection()
                 down = None if isinstance(exc, NameInUseError) else self._server_going_down(exc)
                 if down is not None:
-                    log.warning("database restarting; the work carries on", worker=self.name, evidence=down,
+                    # What happens next depends on how long the server stays away: say so
+                    # (issue 25: "the work carries on" was logged, then the work was stopped).
+                    silent = time.monotonic() - self.last_ok
+                    log.warning("database restarting; running executions carry on if it is back within stops_in "
+                                "seconds, else this worker stops them and the executors re-run or abandon them "
+                                "(on_worker_lost)", worker=self.name, evidence=down,
                                 error=str(exc).strip() or type(exc).__name__,
+                                stops_in=round(max(0.0, self._cfg.self_fence_after - silent), 1),
                                 stops_after=self._cfg.self_fence_after)  # fmt: skip
                     return
                 if isinstance(exc, NameInUseError) or loop.time() + _RETRY >= deadline:
@@ -296,7 +302,10 @@ class Liveness:
         self.fenced = True
         if self._lease is not None:
             self._lease.expire()  # its isolated actions stop at once: they are recovered elsewhere
-        log.error("worker lost its standing; stopping its executions", worker=self.name, reason=reason)
+        # Stopped runs are handed to recovery (service._detach_stopped when it rejoins, or
+        # the executors' sweep): each is re-run as a new attempt or abandoned, by its policy.
+        log.error("worker lost its standing; stopping its executions: the executors re-run them as a new attempt "
+                  "or abandon them (on_worker_lost)", worker=self.name, reason=reason)  # fmt: skip
         await self._on_lost(reason)
 
     async def _connect(self) -> None:

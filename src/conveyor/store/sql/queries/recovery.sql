@@ -35,7 +35,17 @@ WHERE w.status IN ('active', 'draining')
 -- is connected before it registers -- so a worker registered before this statement
 -- began is in the snapshot unless its session ended. A row re-registered meanwhile has
 -- its note cleared, which the re-check of this UPDATE sees.
-WITH held AS (
+-- A heartbeat's age counts from the start of this server lifetime at the earliest
+-- (stamped here if no worker has registered in it yet): while the server was down or
+-- restarting no worker could beat, and judged by its last beat before an outage longer
+-- than stale_after, every worker was declared dead the moment the server was back --
+-- before it could re-register -- and results it had finished meanwhile were refused and
+-- their commands run again (issue 25). A worker that died meanwhile is found stale_after
+-- after the server's return; one out of reach stops its own work before that
+-- (self_fence_after, on its own clock, from its last beat).
+WITH epoch AS MATERIALIZED (
+    SELECT stamp_server_epoch() AS started
+), held AS (
     SELECT l.objid FROM pg_locks l
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -64,7 +74,7 @@ SET status = 'inactive', inactive_since = now(),
         ELSE 'heartbeat_stale' END
 WHERE w.status IN ('active', 'draining')
   AND (w.last_heartbeat IS NULL
-       OR w.last_heartbeat < now() - make_interval(secs => w.stale_after)
+       OR GREATEST(w.last_heartbeat, (SELECT started FROM epoch)) < now() - make_interval(secs => w.stale_after)
        OR (w.lock_epoch = current_server_epoch()
            AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = w.id::oid)
            AND (w.lock_lost_at <= now() - make_interval(secs => w.lock_grace)
