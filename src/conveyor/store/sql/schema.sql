@@ -361,7 +361,7 @@ CREATE FUNCTION conveyor.cancel_descendants(p_id bigint, p_policy text) RETURNS 
     SET search_path TO 'conveyor'
     AS $$
 DECLARE
-    locked bigint[] := '{}';
+    known integer := 0;
     found bigint[];
     canceling bigint[];
     cancelled bigint[];
@@ -414,26 +414,29 @@ BEGIN
             -- As cancel_execution: a dispatched attempt ends cancelled, a pending inquiry too.
             UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled',
                 error = 'cancelled by workflow execution ' || e.parent
-            FROM execution e
-            WHERE e.id = ANY(cancelled) AND t.execution = e.id AND t.attempt = e.attempt AND t.ended IS NULL;
+            FROM unnest(cancelled) AS m(id) JOIN execution e ON e.id = m.id
+            WHERE t.execution = e.id AND t.attempt = e.attempt AND t.ended IS NULL;
             UPDATE inquiry i SET status = 'cancelled', updated = now()
-            WHERE i.execution = ANY(cancelled) AND i.status = 'pending';
+            FROM unnest(cancelled) AS m(id)
+            WHERE i.execution = m.id AND i.status = 'pending';
         END IF;
 
+        -- (Arrays are joined as sets, never probed with = ANY: a tree may hold 100,000 rows.)
         INSERT INTO workflow_event (workflow_execution, kind, payload)
         SELECT w.id, 'cancel', jsonb_build_object('policy', p_policy, 'by', 'workflow execution ' || e.parent)
         FROM workflow_execution w JOIN execution e ON e.id = w.execution
-        WHERE w.execution = ANY(coalesce(canceling, '{}'))
-           OR (p_policy = 'cancel_running' AND w.id = ANY(found) AND e.status = 'canceling'
-               AND w.cancel_policy <> 'cancel_running'
+        WHERE w.execution IN (SELECT m.id FROM unnest(canceling) AS m(id))
+           OR (p_policy = 'cancel_running' AND e.status = 'canceling' AND w.cancel_policy <> 'cancel_running'
+               AND w.id IN (SELECT f.id FROM unnest(found) AS f(id))
                AND NOT EXISTS (SELECT 1 FROM workflow_event ev
                                WHERE ev.workflow_execution = w.id AND ev.kind = 'cancel'
                                  AND ev.payload ->> 'policy' = 'cancel_running'))
         ORDER BY w.id;
 
         total := total + coalesce(cardinality(canceling), 0) + coalesce(cardinality(cancelled), 0);
-        EXIT WHEN canceling IS NULL AND cancelled IS NULL AND found <@ locked;
-        locked := locked || found;
+        -- The rows locked stay (KEY SHARE forbids their deletion): the same count is the same set.
+        EXIT WHEN canceling IS NULL AND cancelled IS NULL AND cardinality(found) = known;
+        known := cardinality(found);
     END LOOP;
     RETURN total;
 END
@@ -899,6 +902,7 @@ $$;
 CREATE FUNCTION conveyor.execution_wake_changed() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
+    SET enable_nestloop TO 'off'
     AS $$
 DECLARE
     requested boolean;
