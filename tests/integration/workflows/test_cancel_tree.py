@@ -8,15 +8,18 @@ soon after its running leaves end; the root ends cancelled."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from conveyor.executor.workflows import Advancer
+from conveyor.store.db import connect_sync
 from conveyor.workflows.parse import parse_workflow
-from integration.builders import Conn, Pool
+from integration.builders import Conn, Pool, waiting_on_a_lock
 from integration.workflows.kit import register, request
+from support.polling import eventually
 
 TREE = """
 version: 1.0
@@ -189,3 +192,36 @@ async def test_the_cancel_of_ten_thousand_executions_is_one_quick_call(conn: Con
     assert scalar(conn, "SELECT count(*) FROM workflow_event WHERE kind = 'cancel'") == workflows
     print(f"\ncancel_workflow of a running tree of {nodes} executions: {took:.2f} s")
     assert took < 10, f"{took:.1f} s"  # generous: a shared 2-core machine
+
+
+@pytest.mark.parametrize("policy", ["cancel_running", "allow_finish"])
+def test_a_child_an_advancement_in_flight_requests_is_cancelled_with_the_tree(
+    db_url: str, conn: Conn, policy: str
+) -> None:
+    """An advancement of a sub-workflow holds its state row (FOR UPDATE) and has requested a
+    child, uncommitted, when the root is cancelled: the cancel waits for it, then cancels
+    that child too (a walk from a snapshot taken before would not see it: requested, it would
+    start after the cancel)."""
+    root, _, _ = synthetic_tree(conn, 2)
+    sub = scalar(conn, "SELECT min(id) FROM execution WHERE parent = %s", root)
+    with connect_sync(db_url, "conveyor") as advancing:
+        advancing.execute("SELECT 1 FROM workflow_execution WHERE execution = %s FOR UPDATE", (sub,))
+        row = advancing.execute(
+            "INSERT INTO execution (action_ref, parent) VALUES ('core.noop', %s) RETURNING id", (sub,)
+        ).fetchone()
+        assert row is not None
+        cancelling = connect_sync(db_url, "conveyor", autocommit=True)
+        pid = cancelling.info.backend_pid
+        thread = threading.Thread(
+            target=lambda: cancelling.execute("SELECT * FROM cancel_workflow(%s, 'tester', %s)", (root, policy))
+        )
+        thread.start()
+        assert eventually(lambda: waiting_on_a_lock(conn, pid), timeout=10, interval=0.01, message="no lock wait")
+        advancing.commit()
+    thread.join(30)
+    assert not thread.is_alive()
+    cancelling.close()
+    assert scalar(conn, "SELECT status FROM execution WHERE id = %s", row["id"]) == "cancelled"
+    assert scalar(conn, "SELECT count(*) FROM execution WHERE status IN ('requested', 'running')") == (
+        0 if policy == "cancel_running" else 9  # allow_finish: the running leaves go on
+    )
