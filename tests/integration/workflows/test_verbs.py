@@ -33,12 +33,13 @@ async def test_cancel_goes_through_canceling(conn: Conn, pool: Pool, transport: 
     assert answer == {"id": eid, "was": "running", "now": "canceling", "worker": None}
     assert row(conn, eid)["cancelled_by"] == "me"
     child = children(conn, eid)[0]["id"]
-    decide.steps = [Step(context={}, status="canceling", cancel=(child,))]
-    await advancer.run_pass()
-    assert decide.calls[-1][1] == [CancelRequested("allow_finish")]
-    assert row(conn, child)["status"] == "cancelled"  # it was only requested: cancelled at once
+    # It was only requested: cancelled by the verb itself (nothing of the tree starts after it).
+    assert row(conn, child)["status"] == "cancelled"
+    assert row(conn, child)["cancelled_by"] == f"workflow execution {eid}"
     decide.steps = [Step(context={}, status="cancelled")]
-    await advancer.run_pass()  # the child's end
+    await advancer.run_pass()  # the cancel, and the child's end
+    assert [type(e).__name__ for e in decide.calls[-1][1]] == ["CancelRequested", "ChildEnded"]
+    assert decide.calls[-1][1][0] == CancelRequested("allow_finish")
     assert row(conn, eid)["status"] == "cancelled"
     assert row(conn, eid)["result"]["error"] == "cancelled by me"
 

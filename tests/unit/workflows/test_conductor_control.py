@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.workflows.state import CancelRequested, PauseRequested, Rerun, ResumeRequested, TimedOut
+from conveyor.workflows.state import CancelRequested, PauseRequested, Rerun, ResumeRequested, Started, TimedOut
 from unit.workflows.conductor_kit import RetrySpec, Sim, WithItems, envelope, task, to, wf
 
 
@@ -43,6 +43,23 @@ def test_children_cancelled_by_the_cancel_are_not_retried_and_trigger_no_transit
     sim.advance(CancelRequested("cancel_running"))
     step = sim.finish("a", None, "cancelled")
     assert (step.children, step.status) == ((), "cancelled")
+
+
+def test_a_cancel_behind_pending_events_drops_what_they_would_dispatch() -> None:
+    """A sub-workflow whose advancement was pending when its ancestor's cancel reached it
+    (migration 0032 queues a 'cancel' event behind its events): one advancement applies
+    them all and requests nothing -- not the start tasks, not a transition, not a retry."""
+    spec = wf(task("a", to("b"), retry=RetrySpec(count=3)), task("b"))
+    for cancel in (CancelRequested("allow_finish"), CancelRequested("cancel_running")):
+        sim = Sim(spec)
+        step = sim.advance(Started({}), cancel)
+        assert (step.children, step.status) == ((), "cancelled")
+    for status in ("completed", "failed"):  # a transition, a retry
+        sim = Sim(spec)
+        sim.start()
+        (a,) = sim.running()
+        step = sim.advance(sim.ended(a, status), CancelRequested())
+        assert (step.children, step.status) == ((), "cancelled")
 
 
 def test_cancel_with_nothing_running_cancels_at_once() -> None:

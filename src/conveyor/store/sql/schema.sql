@@ -356,6 +356,92 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.cancel_descendants(p_id bigint, p_policy text) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    known integer := 0;
+    found bigint[];
+    canceling bigint[];
+    cancelled bigint[];
+    total integer := 0;
+BEGIN
+    LOOP
+        WITH RECURSIVE tree AS (
+            SELECT c.id, c.status FROM execution c WHERE c.parent = p_id
+            UNION ALL
+            SELECT c.id, c.status FROM tree t JOIN execution c ON c.parent = t.id
+            WHERE t.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+        ), rows AS (
+            SELECT w.id FROM workflow_execution w JOIN tree t ON w.execution = t.id
+            ORDER BY w.id
+            FOR KEY SHARE OF w
+        )
+        SELECT coalesce(array_agg(rows.id), '{}') INTO found FROM rows;
+
+        WITH RECURSIVE tree AS (
+            SELECT c.id, c.status FROM execution c WHERE c.parent = p_id
+            UNION ALL
+            SELECT c.id, c.status FROM tree t JOIN execution c ON c.parent = t.id
+            WHERE t.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+        ), moved AS (
+            -- Guarded on the row's own status (not the walk's): a row a scheduler or
+            -- start_workflows changed meanwhile is re-read and judged as it is now.
+            UPDATE execution e
+            SET status = CASE WHEN e.status IN ('running', 'paused') THEN 'canceling' ELSE 'cancelled' END,
+                ended = CASE WHEN e.status IN ('running', 'paused') THEN NULL ELSE now() END,
+                not_before = NULL,
+                cancelled_by = 'workflow execution ' || e.parent,
+                result = CASE WHEN e.status IN ('running', 'paused') THEN e.result
+                              ELSE jsonb_build_object('succeeded', false,
+                                                      'error', 'cancelled by workflow execution ' || e.parent,
+                                                      'failed_by', 'api') END
+            FROM tree
+            WHERE e.id = tree.id
+              AND (e.status IN ('requested', 'scheduling', 'scheduled', 'pending')
+                   OR (e.status IN ('running', 'paused')
+                       AND (p_policy = 'cancel_running'
+                            OR EXISTS (SELECT 1 FROM action a
+                                       WHERE a.ref = e.action_ref AND a.runner_type = 'workflow'))))
+            RETURNING e.id, e.status
+        )
+        SELECT array_agg(moved.id) FILTER (WHERE moved.status = 'canceling'),
+               array_agg(moved.id) FILTER (WHERE moved.status = 'cancelled')
+        INTO canceling, cancelled FROM moved;
+
+        IF cancelled IS NOT NULL THEN
+            -- As cancel_execution: a dispatched attempt ends cancelled, a pending inquiry too.
+            UPDATE execution_attempt t SET ended = now(), outcome = 'cancelled',
+                error = 'cancelled by workflow execution ' || e.parent
+            FROM unnest(cancelled) AS m(id) JOIN execution e ON e.id = m.id
+            WHERE t.execution = e.id AND t.attempt = e.attempt AND t.ended IS NULL;
+            UPDATE inquiry i SET status = 'cancelled', updated = now()
+            FROM unnest(cancelled) AS m(id)
+            WHERE i.execution = m.id AND i.status = 'pending';
+        END IF;
+
+        -- (Arrays are joined as sets, never probed with = ANY: a tree may hold 100,000 rows.)
+        INSERT INTO workflow_event (workflow_execution, kind, payload)
+        SELECT w.id, 'cancel', jsonb_build_object('policy', p_policy, 'by', 'workflow execution ' || e.parent)
+        FROM workflow_execution w JOIN execution e ON e.id = w.execution
+        WHERE w.execution IN (SELECT m.id FROM unnest(canceling) AS m(id))
+           OR (p_policy = 'cancel_running' AND e.status = 'canceling' AND w.cancel_policy <> 'cancel_running'
+               AND w.id IN (SELECT f.id FROM unnest(found) AS f(id))
+               AND NOT EXISTS (SELECT 1 FROM workflow_event ev
+                               WHERE ev.workflow_execution = w.id AND ev.kind = 'cancel'
+                                 AND ev.payload ->> 'policy' = 'cancel_running'))
+        ORDER BY w.id;
+
+        total := total + coalesce(cardinality(canceling), 0) + coalesce(cardinality(cancelled), 0);
+        -- The rows locked stay (KEY SHARE forbids their deletion): the same count is the same set.
+        EXIT WHEN canceling IS NULL AND cancelled IS NULL AND cardinality(found) = known;
+        known := cardinality(found);
+    END LOOP;
+    RETURN total;
+END
+$$;
+
 CREATE FUNCTION conveyor.cancel_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text, worker bigint)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -437,6 +523,7 @@ BEGIN
     IF current <> 'canceling' OR p_policy = 'cancel_running' THEN
         INSERT INTO workflow_event (workflow_execution, kind, payload)
         VALUES (wf_id, 'cancel', jsonb_build_object('policy', p_policy, 'by', p_by));
+        PERFORM cancel_descendants(p_id, p_policy);
     END IF;
     RETURN QUERY SELECT p_id, current, 'canceling'::text, NULL::bigint;
 END
@@ -815,6 +902,7 @@ $$;
 CREATE FUNCTION conveyor.execution_wake_changed() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
+    SET enable_nestloop TO 'off'
     AS $$
 DECLARE
     requested boolean;
