@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from conveyor.store.db import Row, connect
+from conveyor.store.db import SESSION_ENDED, Row, connect
 from conveyor.store.queries import Q
 
 
@@ -52,7 +52,7 @@ class DutyLocks:
         finally:
             # A broken connection took the lock with it; a new one never had it.
             if conn is self._conn and not conn.broken:
-                with contextlib.suppress(psycopg.OperationalError):
+                with contextlib.suppress(*SESSION_ENDED):
                     await conn.execute(Q["duty_unlock"], key)
         return True
 

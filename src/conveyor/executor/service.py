@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -26,7 +25,7 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
-from conveyor.store.db import log_operational
+from conveyor.store.db import SESSION_ENDED, log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -161,7 +160,7 @@ class ExecutorService:
                 # Shielded: a round that claimed rows always finishes placing them, so a
                 # shutdown never leaves claims behind.
                 result = await asyncio.shield(self._scheduler.run_round())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "scheduling round", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
@@ -176,7 +175,7 @@ class ExecutorService:
         try:
             async with self._pool.connection() as conn:
                 row = await (await conn.execute(Q["next_not_before"])).fetchone()
-        except psycopg.OperationalError:
+        except SESSION_ENDED:
             return poll  # the next round reports the outage
         wait = row["wait"] if row else None
         # A floor: the event loop's timer may fire a little early; then the next round
@@ -192,7 +191,7 @@ class ExecutorService:
                 # Shielded: an advancement in flight commits or rolls back whole anyway;
                 # this only lets it finish rather than leave its events to the next pass.
                 result = await asyncio.shield(self._advancer.run_pass())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "workflow pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
@@ -213,7 +212,7 @@ class ExecutorService:
             try:
                 # Shielded: a pass in flight commits or rolls back whole anyway.
                 result = await asyncio.shield(self._enforcer.run_pass())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "rules pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
@@ -238,7 +237,7 @@ class ExecutorService:
                 wait = 0.0 if result.full else await self._firer.until_next(poll)
                 if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
                     wait = min(wait, BUFFERED_POLL)
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "schedule pass", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
@@ -322,7 +321,7 @@ class ExecutorService:
                     await self._exclusively(duty)
                 else:
                     await duty()
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "recovery duty", exc, duty=duty.__name__)
                 continue
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
