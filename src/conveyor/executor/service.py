@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.events import Enforcer
+from conveyor.executor.liveness import ExecutorLiveness, new_liveness_key
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.retention import DUTY as RETENTION_DUTY
 from conveyor.executor.retention import Retention
@@ -33,8 +33,9 @@ from conveyor.transport.base import Doorbell, Topic, Transport
 log = structlog.get_logger(__name__)
 
 
-def make_executor_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def make_executor_id(key: str) -> str:
+    """``key``: the executor's liveness key (executor/liveness.py), which ends the id."""
+    return f"{socket.gethostname()}:{os.getpid()}:{key}"
 
 
 class ExecutorService:
@@ -44,7 +45,9 @@ class ExecutorService:
         """``direct_url``: for the duty-lock session (session advisory locks: never through a
         transaction pooler, database.direct_url)."""
         self.settings = settings
-        self.executor_id = make_executor_id()
+        key = new_liveness_key()
+        self.executor_id = make_executor_id(key)
+        self._liveness = ExecutorLiveness(direct_url, settings.database.schema_name, key, settings.executor_liveness)
         self._pool = pool
         cfg = settings.executor
         self._scheduler = Scheduler(
@@ -81,9 +84,11 @@ class ExecutorService:
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
         self._log_monitors()
+        await self._liveness.open()  # before the first claim: a claim without it is handed back at once
         try:
             await self._run(stop)
         finally:
+            await self._liveness.close()
             await self._duty_locks.close()
         log.info("executor stopped", executor=self.executor_id)
 
@@ -113,6 +118,11 @@ class ExecutorService:
     async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
+            tg.create_task(self._liveness.run(stop), name="executor-liveness")
+            # Every replica, no duty lock: a frozen replica holding that lock must not hold this up.
+            tg.create_task(self._every(stop, self.settings.executor_liveness.check_interval,
+                                       self._release_gone_claims, shared=False),
+                           name="executor-gone-claims")  # fmt: skip
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
             tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
             tg.create_task(self._workflow_loop(stop), name="executor-workflows")
@@ -297,6 +307,12 @@ class ExecutorService:
                 "inquiry expired", inquiry_id=row["inquiry"], execution_id=row["execution"], outcome=row["outcome"]
             )
         return len(rows)
+
+    async def _release_gone_claims(self) -> int:
+        released = await self._scheduler.release_gone_claims()
+        if released:
+            self._bell.ring()  # place them now, not at the next poll
+        return released
 
     async def _reclaim(self) -> int:
         return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)
