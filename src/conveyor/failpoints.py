@@ -23,7 +23,8 @@ executions requested, pending rows deleted), ``events.before_commit``, ``events.
 (committed, metrics not yet counted).
 Schedule firing (executor/schedules.py): ``schedules.after_slot_row`` (a pass's slot rows
 written and their executions requested, not committed), ``schedules.before_commit``,
-``schedules.after_commit``.
+``schedules.after_commit``. The dead-worker sweep (executor/recovery.py):
+``recovery.after_sweep_lock`` (the sweep's transaction lock taken, nothing read).
 
 A point suffixed ``:stop`` (``schedules.before_commit@2:stop``) SIGSTOPs the process there
 instead: frozen exactly where it holds its locks, until the test sends SIGCONT -- a paused VM

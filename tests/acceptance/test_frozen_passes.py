@@ -110,3 +110,32 @@ def test_a_replica_frozen_inside_a_workflow_advancement(procs: Procs, db: Conn, 
     print(f"{len(made)} workflows, a replica frozen {FREEZE:g}s holding some: each ended within {took:.2f} s")
     assert took < BOUND, rows
     assert frozen.returncode is None, frozen.logs()
+
+
+def test_a_replica_frozen_inside_a_sweep(procs: Procs, db: Conn, env: dict[str, str]) -> None:
+    """The sweep's lock held by a frozen replica: the other replicas' sweeps skip theirs, so a
+    worker killed meanwhile keeps its running execution until the lock is let go."""
+    doomed_worker = start_worker(procs, env, "wa")
+    start_executor(procs, env, "executor-steady")
+    eid = request_execution(db, "core.sleep", {"seconds": 120})
+    until(procs, lambda: db.execute("SELECT status FROM execution WHERE id = %s", (eid,)).fetchone()
+          == {"status": "running"}, timeout=30)  # fmt: skip
+    frozen = start_executor(procs, env, "executor-frozen", **{FAILPOINTS: "recovery.after_sweep_lock:stop"})
+    try:
+        until(procs, lambda: "failpoint recovery.after_sweep_lock: SIGSTOP" in frozen.stderr(), timeout=30)
+        stopped_at = time.monotonic()
+        doomed_worker.kill()
+        killed = db.execute("SELECT now() AS t").fetchone()["t"]  # type: ignore[index]
+
+        def recovered() -> float | None:
+            row = db.execute("SELECT status, extract(epoch FROM now() - %s)::float8 AS after FROM execution "
+                             "WHERE id = %s", (killed, eid)).fetchone()  # fmt: skip
+            return row["after"] if row and row["status"] != "running" else None  # type: ignore[index]
+
+        # Within BOUND, the replica still stopped (FREEZE is twice as long).
+        after = until(procs, recovered, timeout=BOUND)
+        until(procs, lambda: time.monotonic() - stopped_at >= FREEZE, timeout=FREEZE, interval=0.5)
+    finally:
+        frozen.signal(signal.SIGCONT)
+    print(f"a worker killed while a frozen replica held the sweep's lock: its execution recovered in {after:.2f} s")
+    assert frozen.returncode is None, frozen.logs()
