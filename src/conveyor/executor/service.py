@@ -68,7 +68,8 @@ class ExecutorService:
         self._transport_kind = transport.kind
         # Connected at the first duty that takes a lock: retention always does (retention.py),
         # the other shared duties only with executor.exclusive_duties.
-        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties")
+        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties",
+                                     frozen_after=settings.executor_liveness.frozen_after)  # fmt: skip
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
