@@ -138,9 +138,14 @@ async def serve(
         await check_pool_url(url, schema, f"conveyor-{roles}")  # a pooler the settings do not mention
     # A worker's transactions hold locks on its executions: a worker frozen inside one must
     # not keep them past the moment the executors recover that work (store/db.py).
-    # (`conveyor up` keeps the long bound: its executor's rounds share the pool.)
+    # (`conveyor up` keeps the executor's bound: its executor's rounds share the pool.)
+    # An executor's passes hold schedules, workflows, events and the sweep: one frozen
+    # inside a pass must not hold them from the other replicas past executor_liveness.hold_timeout
+    # (a schedule's slot would then be late enough to be missed).
     worker_only = run_worker and not run_executor
     idle = min(IDLE_IN_TRANSACTION, settings.worker.self_fence_after) if worker_only else IDLE_IN_TRANSACTION
+    if run_executor:
+        idle = min(idle, settings.executor_liveness.hold_timeout)
     pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
                      prepare_threshold=settings.database.prepare_threshold, idle_timeout=idle,
                      reconnect_interval=settings.database.reconnect_interval,

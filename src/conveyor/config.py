@@ -37,6 +37,7 @@ from conveyor.config_connections import (
 from conveyor.config_connections import Section as _Section
 from conveyor.config_documents import DocumentSettings
 from conveyor.config_embedded import EmbeddedSettings as EmbeddedSettings
+from conveyor.config_executor import ExecutorLivenessSettings as ExecutorLivenessSettings
 from conveyor.config_keys import (
     ENV_PREFIX,
     KeyChecker,
@@ -249,6 +250,7 @@ class Settings(BaseSettings):
     transport: Literal["postgres", "rabbitmq"] = "postgres"
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)  # type: ignore[arg-type]
+    executor_liveness: ExecutorLivenessSettings = Field(default_factory=ExecutorLivenessSettings)  # type: ignore[arg-type]
     worker: WorkerSettings = Field(default_factory=WorkerSettings)  # type: ignore[arg-type]
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)  # type: ignore[arg-type]
     retry: RetrySettings = Field(default_factory=RetrySettings)  # type: ignore[arg-type]

@@ -23,7 +23,12 @@ executions requested, pending rows deleted), ``events.before_commit``, ``events.
 (committed, metrics not yet counted).
 Schedule firing (executor/schedules.py): ``schedules.after_slot_row`` (a pass's slot rows
 written and their executions requested, not committed), ``schedules.before_commit``,
-``schedules.after_commit``.
+``schedules.after_commit``. The dead-worker sweep (executor/recovery.py):
+``recovery.after_sweep_lock`` (the sweep's transaction lock taken, nothing read).
+
+A point suffixed ``:stop`` (``schedules.before_commit@2:stop``) SIGSTOPs the process there
+instead: frozen exactly where it holds its locks, until the test sends SIGCONT -- a paused VM
+or a stalled process, whose kernel still answers for its connections.
 
 Hand-written: the failpoint libraries on PyPI are unmaintained or inject exceptions,
 while a crash test needs the real thing: SIGKILL, no cleanup, no finally blocks.
@@ -38,15 +43,22 @@ import sys
 ENV = "CONVEYOR_FAILPOINTS"
 
 
-def _parse(spec: str) -> dict[str, int]:
+def _parse(spec: str) -> tuple[dict[str, int], set[str]]:
+    """The armed points (name -> the pass that fires) and those that freeze (``:stop``)."""
     points: dict[str, int] = {}
+    stops: set[str] = set()
     for item in filter(None, (part.strip() for part in spec.split(","))):
+        item, _, action = item.partition(":")
         name, _, nth = item.partition("@")
         points[name] = int(nth) if nth else 1
-    return points
+        if action == "stop":
+            stops.add(name)
+        elif action:
+            raise ValueError(f"{ENV}: unknown failpoint action {action!r} (only 'stop')")
+    return points, stops
 
 
-_ARMED: dict[str, int] = _parse(os.environ.get(ENV, ""))
+_ARMED, _STOPS = _parse(os.environ.get(ENV, ""))
 
 
 def armed(name: str) -> bool:
@@ -61,6 +73,11 @@ def reach(name: str) -> None:
         return
     if left > 1:
         _ARMED[name] = left - 1
+        return
+    if name in _STOPS:
+        _ARMED.pop(name)  # resumed: carries on, as a process that was only paused does
+        print(f"failpoint {name}: SIGSTOP pid {os.getpid()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
         return
     print(f"failpoint {name}: SIGKILL pid {os.getpid()}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.executor.duties import DutyLocks
 from conveyor.executor.service import ExecutorService
 from conveyor.store.db import connect_sync
 from conveyor.transport.postgres import PostgresTransport
@@ -120,3 +122,29 @@ async def test_duties_ticking_together_do_not_starve_the_pool(db_url: str) -> No
         assert sorted(ran) == names
     finally:
         await pool.close()
+
+
+async def test_a_replica_frozen_mid_duty_lets_it_go(db_url: str) -> None:
+    """A replica frozen while it holds a duty's lock (here its event loop blocked, as by
+    SIGSTOP: no statement leaves the process) loses the lock after frozen_after, so the
+    other replicas are not kept from the duty for as long as it is frozen. A replica that
+    is only busy keeps it: its session is spoken on every third of the bound."""
+    locks = DutyLocks(db_url, "conveyor", "conveyor-executor-duties", frozen_after=0.6)
+    seen: dict[str, Any] = {}
+    query = (
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+
+    async def sweep() -> None:
+        with connect_sync(db_url, "conveyor", autocommit=True) as other:
+            await asyncio.sleep(1.5)  # busy, not frozen: pinged meanwhile
+            seen["busy"] = other.execute(query).fetchone()
+            time.sleep(1.5)  # noqa: ASYNC251 -- frozen: the event loop blocked, nothing runs in this process
+            seen["frozen"] = other.execute(query).fetchone()
+
+    try:
+        assert await locks.run(sweep)
+    finally:
+        await locks.close()
+    assert seen == {"busy": {"n": 1}, "frozen": {"n": 0}}

@@ -21,7 +21,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -31,6 +30,7 @@ from conveyor.domain.dead_letters import Resolution
 from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
 from conveyor.domain.status import ExecutionStatus
 from conveyor.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
+from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport import messages as m
@@ -153,7 +153,7 @@ class DeadLetterHandler:
             try:
                 await self.handle(dead_letter)
                 handled += 1
-            except psycopg.OperationalError:
+            except SESSION_ENDED:
                 raise
             except Exception as exc:  # the same bound as a broker's poison message
                 failures = self._failures[dead_letter.dedupe_key] = self._failures.get(dead_letter.dedupe_key, 0) + 1

@@ -35,6 +35,7 @@ from conveyor import failpoints, metrics
 from conveyor.rules.criteria import Criterion
 from conveyor.rules.parse import criteria_of
 from conveyor.rules.render import Decision, EventRow, RuleRow, decide
+from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -61,7 +62,7 @@ class Enforcer:
         'request_error' naming the error: one poison event must not hold up the queue."""
         try:
             return await self._pass(None, degrade=False)
-        except psycopg.OperationalError:
+        except SESSION_ENDED:
             raise  # the database is unreachable: the events stay for the next pass
         except psycopg.Error as batch_error:
             ids = self._last_ids
@@ -73,7 +74,7 @@ class Enforcer:
         for event_id in ids:
             try:
                 results.append(await self._pass([event_id], degrade=False))
-            except psycopg.OperationalError:
+            except SESSION_ENDED:
                 raise
             except psycopg.Error as exc:
                 log.error("enforcing an event failed; recording its requests as request_error", event_id=event_id,

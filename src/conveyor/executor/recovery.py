@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor import failpoints
 from conveyor.config import Settings
 from conveyor.domain.outcome import (
     NOT_PICKED_UP_ERROR,
@@ -61,6 +62,7 @@ class Recovery:
         async with self._pool.connection() as conn, conn.transaction():
             if not (await (await conn.execute(Q["lock_sweep"])).fetchone() or {}).get("locked"):
                 return {}
+            failpoints.reach("recovery.after_sweep_lock")  # the other replicas' sweeps skip theirs now
             await conn.execute(Q["note_lost_locks"])
             dead = await (await conn.execute(Q["deactivate_dead_workers"])).fetchall()
             back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": None})).fetchall()

@@ -206,6 +206,16 @@ class Scheduler:
                         executor=row["executor"])  # fmt: skip
         return len(rows)
 
+    async def release_gone_claims(self) -> int:
+        """Claims of executors whose liveness session is gone (killed, or frozen past
+        executor_liveness.frozen_after): back to requested now (executor/liveness.py)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await (await conn.execute(Q["release_gone_executor_claims"])).fetchall()
+        for row in rows:
+            log.warning("released a claim of an executor that is gone", execution_id=row["id"],
+                        attempt=row["attempt"], executor=row["executor"])  # fmt: skip
+        return len(rows)
+
     async def repair_admission(self) -> int:
         """Admit waiters of groups with a free slot that the triggers did not promote
         (see admission_repair); returns how many, normally 0. Then forget idle groups."""

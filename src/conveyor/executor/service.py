@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,6 +17,7 @@ from conveyor.executor import gauges
 from conveyor.executor.dead_letters import DeadLetterHandler
 from conveyor.executor.duties import DutyLocks
 from conveyor.executor.events import Enforcer
+from conveyor.executor.liveness import ExecutorLiveness, new_liveness_key
 from conveyor.executor.recovery import Recovery
 from conveyor.executor.retention import DUTY as RETENTION_DUTY
 from conveyor.executor.retention import Retention
@@ -26,7 +25,7 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
 from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
-from conveyor.store.db import log_operational
+from conveyor.store.db import SESSION_ENDED, log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -34,8 +33,9 @@ from conveyor.transport.base import Doorbell, Topic, Transport
 log = structlog.get_logger(__name__)
 
 
-def make_executor_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def make_executor_id(key: str) -> str:
+    """``key``: the executor's liveness key (executor/liveness.py), which ends the id."""
+    return f"{socket.gethostname()}:{os.getpid()}:{key}"
 
 
 class ExecutorService:
@@ -45,7 +45,9 @@ class ExecutorService:
         """``direct_url``: for the duty-lock session (session advisory locks: never through a
         transaction pooler, database.direct_url)."""
         self.settings = settings
-        self.executor_id = make_executor_id()
+        key = new_liveness_key()
+        self.executor_id = make_executor_id(key)
+        self._liveness = ExecutorLiveness(direct_url, settings.database.schema_name, key, settings.executor_liveness)
         self._pool = pool
         cfg = settings.executor
         self._scheduler = Scheduler(
@@ -66,7 +68,8 @@ class ExecutorService:
         self._transport_kind = transport.kind
         # Connected at the first duty that takes a lock: retention always does (retention.py),
         # the other shared duties only with executor.exclusive_duties.
-        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties")
+        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties",
+                                     frozen_after=settings.executor_liveness.frozen_after)  # fmt: skip
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
@@ -82,9 +85,11 @@ class ExecutorService:
     async def run(self, stop: asyncio.Event) -> None:
         log.info("executor started", executor=self.executor_id)
         self._log_monitors()
+        await self._liveness.open()  # before the first claim: a claim without it is handed back at once
         try:
             await self._run(stop)
         finally:
+            await self._liveness.close()
             await self._duty_locks.close()
         log.info("executor stopped", executor=self.executor_id)
 
@@ -114,6 +119,11 @@ class ExecutorService:
     async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
+            tg.create_task(self._liveness.run(stop), name="executor-liveness")
+            # Every replica, no duty lock: a frozen replica holding that lock must not hold this up.
+            tg.create_task(self._every(stop, self.settings.executor_liveness.check_interval,
+                                       self._release_gone_claims, shared=False),
+                           name="executor-gone-claims")  # fmt: skip
             tg.create_task(self._schedule_loop(stop), name="executor-schedule")
             tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
             tg.create_task(self._workflow_loop(stop), name="executor-workflows")
@@ -161,7 +171,7 @@ class ExecutorService:
                 # Shielded: a round that claimed rows always finishes placing them, so a
                 # shutdown never leaves claims behind.
                 result = await asyncio.shield(self._scheduler.run_round())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "scheduling round", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
@@ -176,7 +186,7 @@ class ExecutorService:
         try:
             async with self._pool.connection() as conn:
                 row = await (await conn.execute(Q["next_not_before"])).fetchone()
-        except psycopg.OperationalError:
+        except SESSION_ENDED:
             return poll  # the next round reports the outage
         wait = row["wait"] if row else None
         # A floor: the event loop's timer may fire a little early; then the next round
@@ -192,7 +202,7 @@ class ExecutorService:
                 # Shielded: an advancement in flight commits or rolls back whole anyway;
                 # this only lets it finish rather than leave its events to the next pass.
                 result = await asyncio.shield(self._advancer.run_pass())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "workflow pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
@@ -213,7 +223,7 @@ class ExecutorService:
             try:
                 # Shielded: a pass in flight commits or rolls back whole anyway.
                 result = await asyncio.shield(self._enforcer.run_pass())
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "rules pass", exc)
                 await _sleep_or_stop(stop, cfg.poll_interval)
                 continue
@@ -238,7 +248,7 @@ class ExecutorService:
                 wait = 0.0 if result.full else await self._firer.until_next(poll)
                 if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
                     wait = min(wait, BUFFERED_POLL)
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "schedule pass", exc)
                 await _sleep_or_stop(stop, poll)
                 continue
@@ -299,6 +309,12 @@ class ExecutorService:
             )
         return len(rows)
 
+    async def _release_gone_claims(self) -> int:
+        released = await self._scheduler.release_gone_claims()
+        if released:
+            self._bell.ring()  # place them now, not at the next poll
+        return released
+
     async def _reclaim(self) -> int:
         return await self._scheduler.reclaim_stale(self.settings.executor.claim_timeout)
 
@@ -322,7 +338,7 @@ class ExecutorService:
                     await self._exclusively(duty)
                 else:
                     await duty()
-            except psycopg.OperationalError as exc:
+            except SESSION_ENDED as exc:
                 log_operational(log, "recovery duty", exc, duty=duty.__name__)
                 continue
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor

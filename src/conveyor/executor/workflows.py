@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -42,6 +41,7 @@ from conveyor.executor.workflow_rows import (
     rows_of,
     state_of,
 )
+from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
@@ -108,7 +108,7 @@ class Advancer:
                 await done()  # committed: the cache learns what was written
             if advanced:
                 failpoints.reach("workflow.after_commit")
-        except psycopg.OperationalError:
+        except SESSION_ENDED:
             raise  # the database is unreachable: the events stay for the next pass
         except Exception as batch_error:
             if not seen:
@@ -342,7 +342,7 @@ class Advancer:
                     "executions": executions, "statuses": ["failed"], "results": [Jsonb(result)],
                 })  # fmt: skip
                 await conn.execute(Q["workflow_consume_events"], {"ids": [r["id"] for r in rows]})
-        except psycopg.OperationalError:
+        except SESSION_ENDED:
             raise
         except Exception:
             log.exception("could not fail a broken workflow; retried at the next pass", workflow_execution=workflow_id)

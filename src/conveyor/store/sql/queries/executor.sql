@@ -184,3 +184,30 @@ SELECT id, status, error FROM start_workflows(%(ids)s::bigint[], %(executor)s, %
 SELECT extract(epoch FROM min(e.not_before) - now())::float8 AS wait
 FROM execution e
 WHERE e.status = 'requested' AND e.not_before IS NOT NULL AND e.not_before > now();
+
+-- name: release_gone_executor_claims
+-- Claims (scheduling) of an executor whose liveness session is gone, handed back to
+-- requested at once rather than after claim_timeout: the process died (its sessions end
+-- with it, in milliseconds) or froze past executor_liveness.frozen_after (the server ended
+-- that session: idle_session_timeout). Executors since issue #25 end their id with the
+-- 12 hex digits their liveness session names (executor/liveness.py); an id without them
+-- (an older executor) is left to claim_timeout. Guarded on status and claimant, and
+-- skipping rows a live executor's dispatch holds: an executor whose session alone dropped
+-- loses nothing but the claims, which its dispatch then finds gone.
+WITH live AS MATERIALIZED (
+    SELECT s.application_name FROM pg_stat_get_activity(NULL) s
+    WHERE s.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND s.application_name LIKE 'conveyor-executor-liveness %'
+), gone AS (
+    SELECT e.id, e.executor FROM execution e
+    WHERE e.status = 'scheduling'
+      AND e.executor ~ ':[0-9a-f]{12}$'
+      AND NOT EXISTS (
+          SELECT 1 FROM live
+          WHERE live.application_name LIKE 'conveyor-executor-liveness ' || right(e.executor, 12) || ' [%')
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE execution e SET status = 'requested', executor = NULL
+FROM gone
+WHERE e.id = gone.id AND e.status = 'scheduling' AND e.executor = gone.executor
+RETURNING e.id, e.attempt, gone.executor;
