@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from pydantic import BaseModel
 
@@ -215,9 +216,21 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- masking -----------------------------------------------------------------------------
 
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+# The libpq parameters whose value is a secret: the password, and the passphrase of the
+# client key (sslkey). Matched in any case (libpq's own are lower case; masking more is safe).
+SECRET_KEYS = ("password", "sslpassword")
+# A query parameter of a URL; libpq percent-decodes its keys too (?pass%77ord=x is a
+# password), so the key is decoded before it is compared (see _masked_pair).
+_QUERY_PAIR = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
 # ASCII: libpq separates key=value pairs by ASCII whitespace only.
-_CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE | re.ASCII)
+_CONNINFO_PASSWORD = re.compile(
+    rf"(\b(?:{'|'.join(SECRET_KEYS)})\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE | re.ASCII
+)
+
+
+def _masked_pair(match: re.Match[str]) -> str:
+    key = unquote(match[2], errors="replace").strip().lower()
+    return f"{match[1]}{match[2]}=***" if key in SECRET_KEYS else match[0]
 
 
 # Between two URLs of a list: a comma followed by a scheme (a comma inside a password or
@@ -232,9 +245,9 @@ def split_urls(text: str) -> list[str]:
 
 
 def mask_secrets(text: str) -> str:
-    """Hide passwords in a URL (``scheme://user:secret@host``, ``?password=secret``), a
-    comma-separated list of URLs, or a libpq key=value connection string
-    (``password=secret``, quoted or not)."""
+    """Hide secrets in a URL (``scheme://user:secret@host``, ``?password=secret``,
+    ``?sslpassword=``, a key percent-encoded as ``?pass%77ord=``), a comma-separated list of
+    URLs, or a libpq key=value connection string (``password=secret``, quoted or not)."""
     if len(urls := split_urls(text)) > 1:
         return ",".join(mask_secrets(u) for u in urls)
     scheme, sep, rest = text.partition("://")
@@ -249,4 +262,4 @@ def mask_secrets(text: str) -> str:
         user, colon, _ = creds.partition(":")
         authority = f"{user}{':***' if colon else ''}@{hosts}"
     # On the whole URL: an "@" in the query may have made the authority too long.
-    return _QUERY_PASSWORD.sub(r"\1***", f"{scheme}://{authority}{tail}")
+    return _QUERY_PAIR.sub(_masked_pair, f"{scheme}://{authority}{tail}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import HealthSettings
+from conveyor.domain.errors import ConveyorError
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +41,14 @@ class HealthServer:
 
     async def run(self) -> None:
         assert self._cfg.port is not None
-        server = await asyncio.start_server(self._handle, self._cfg.host, self._cfg.port)
+        try:
+            server = await asyncio.start_server(self._handle, self._cfg.host, self._cfg.port)
+        except OSError as exc:  # taken, or not an address of this host: say which setting to change
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConveyorError(
+                f"the health endpoint cannot listen on {self._cfg.host}:{self._cfg.port} ({reason}): "
+                "set health.port (CONVEYOR__HEALTH__PORT) to a free port, or health.host to an address of this host"
+            ) from None
         log.info("health endpoint listening", host=self._cfg.host, port=self._cfg.port)
         async with server:
             await self._measure_lag()

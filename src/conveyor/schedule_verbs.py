@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from conveyor.domain import schedules as sch
 from conveyor.domain.errors import NotFoundError
 from conveyor.domain.schedules import InvalidScheduleError
+from conveyor.domain.storable import unstorable as unstorable_lines
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?")
 SPEC_FIELDS = ("cron", "every", "at", "timezone", "starts", "ends", "action", "parameters", "catchup",
@@ -73,6 +74,9 @@ def create_params(name: str, fields: Mapping[str, Any], *, replace: bool) -> dic
         raise InvalidScheduleError(f"unknown schedule fields: {', '.join(sorted(unknown))}")
     if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
         raise InvalidScheduleError(f"invalid schedule name {name!r}: letters, digits, _ and -, optionally pack.name")
+    unstorable = list(unstorable_lines(dict(fields), ""))  # a NUL in a description or a parameter
+    if unstorable:
+        raise InvalidScheduleError(f"schedule {name}: " + "; ".join(unstorable))
     given = [k for k in ("cron", "every", "at") if fields.get(k) is not None]
     if len(given) != 1:
         raise InvalidScheduleError("give exactly one of cron, interval (every) or at")

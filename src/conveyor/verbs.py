@@ -39,6 +39,7 @@ from conveyor.domain.errors import (
     NotFoundError,
     UnknownActionError,
 )
+from conveyor.domain.storable import storable_problems, unstorable
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
 
@@ -124,7 +125,13 @@ def refusals(*, action_ref: str = "", target: str = "", refs: Sequence[str] = ()
 
 
 def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], parameters: Any) -> None:
-    """Full JSON Schema, before the database's own subset check (validate_parameters in SQL)."""
+    """Full JSON Schema, before the database's own subset check (validate_parameters in SQL),
+    and what jsonb cannot hold (a NUL, a lone surrogate: a schema may well accept them). A
+    batch (parameters_checker) leaves the latter to the database's refusal: walking every
+    document would cost a 100,000-row batch more than its schema checks do."""
+    problems = list(unstorable(parameters, "parameters"))
+    if problems:
+        raise InvalidParametersError(action_ref, problems)
     parameters_checker(action_ref, parameters_schema)(parameters)
 
 
@@ -293,7 +300,8 @@ def inquiry_not_found(inquiry_id: int) -> NotFoundError:
 def check_answer(inquiry_id: int, schema: Mapping[str, Any], data: Any) -> None:
     """The answer against the inquiry's JSON Schema, before ``respond_inquiry``:
     InvalidAnswerError names the path of every problem."""
-    problems = inq.answer_problems(schema, data)
+    # What jsonb cannot hold ({"r": "a\u0000b"}) first: a schema may well accept it.
+    problems = list(storable_problems(data, "data")) or inq.answer_problems(schema, data)
     if problems:
         raise InvalidAnswerError(inquiry_id, problems)
 

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor import verbs
 from conveyor.domain.errors import NotFoundError
+from conveyor.domain.storable import unstorable
 from conveyor.domain.webhooks import InvalidWebhookError, check_schema, token_hash, valid_name
 
 INVALID_WEBHOOK = "CVW01"  # register_webhook: the definition cannot be stored
@@ -45,6 +46,12 @@ def registration(
         )
     if token is not None and not token.strip():
         raise InvalidWebhookError("an empty bearer token")
+    given = {"trigger": trigger, "secret": secret, "token": token, "signature_header": signature_header,
+             "signature_prefix": signature_prefix, "idempotency_header": idempotency_header,
+             "description": description, "payload_schema": payload_schema}  # fmt: skip
+    problems = list(unstorable(given, ""))  # a NUL or a lone surrogate PostgreSQL would refuse
+    if problems:
+        raise InvalidWebhookError(f"webhook {name}: " + "; ".join(problems))
     return {
         "name": name,
         "trigger": trigger,

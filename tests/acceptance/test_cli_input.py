@@ -155,7 +155,14 @@ def test_bad_settings_are_one_line(procs: Procs, env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["postgresql://u:secret@db/app", "postgresql://u@db/app?password=secret", "host=db password=secret"]
+    "url",
+    [
+        "postgresql://u:secret@db/app",
+        "postgresql://u@db/app?password=secret",
+        "host=db password=secret",
+        "postgresql://u@db/app?sslpassword=secret",  # issue #25: shown in clear before
+        "postgresql://u@db/app?pass%77ord=secret",
+    ],
 )
 def test_config_show_masks_passwords(procs: Procs, url: str) -> None:
     env = conveyor_env(url, CONVEYOR__MESSAGE_QUEUE__URL="amqp://guest:secret@mq:5672/")

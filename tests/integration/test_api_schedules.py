@@ -78,6 +78,17 @@ async def test_bad_input_is_a_422_with_a_message(api: Api) -> None:
     assert await api.sql("SELECT * FROM schedule") == []
 
 
+async def test_huge_durations_are_a_422_on_post_and_patch(api: Api) -> None:
+    """99999999999d overflowed a timedelta: a plain-text 500 (issue #25)."""
+    assert (await api.post(BASE, json={"name": "h", "every": "1h", "action": "core.noop"})).status_code == 201
+    for field in ("every", "catchup_window"):
+        body = {"every": "1h", field: "99999999999d"}
+        assert "at most 3650 days" in error_of(await api.post(BASE, json={"name": "h2", **body}), 422)
+        patched = await api.client.patch(f"{BASE}/h", json={field: "99999999999d"}, headers=api.auth("operator"))
+        assert "at most 3650 days" in error_of(patched, 422)
+    assert (await api.get("/health/live")).status_code == 200
+
+
 async def test_viewers_cannot_change(api: Api) -> None:
     response = await api.post(BASE, role="viewer", json={"name": "v", "every": 5})
     assert response.status_code == 403

@@ -124,3 +124,31 @@ def test_numbers_json_cannot_carry_are_refused(pair: str) -> None:
 def test_where_text_is_allowed_nan_stays_text() -> None:
     assert parse_parameters(["either=NaN", "message=Infinity"], NUMBER) == {"either": "NaN", "message": "Infinity"}
     assert parse_parameters(["seconds=1e300", "any=[1.5, -2]"], NUMBER) == {"seconds": 1e300, "any": [1.5, -2]}
+
+
+def test_the_cli_consoles_show_control_characters_on_a_terminal_only() -> None:
+    """issue #25: user data (a prompt, a description) must not drive the terminal."""
+    import io
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from conveyor.cli.terminal import SafeConsole
+
+    hostile = "\x1b[2J\x1b]0;pwned\x07X\x9b1m"
+    table = Table("prompt", "styled")
+    table.add_row(hostile, Text(hostile, style="red"))
+    for terminal in (True, False):
+        out = io.StringIO()
+        console = SafeConsole(file=out, force_terminal=terminal, color_system=None, width=200, markup=False)
+        console.print(table)
+        console.print(hostile)
+        console.print(Text.assemble(("a" + hostile, "bold"), " b"))
+        if terminal:
+            assert "\x1b" not in out.getvalue()
+            assert "\x9b" not in out.getvalue()
+            # A Text built raw is measured before it is escaped: its cell may be cut (with an
+            # ellipsis), never raw; the CLI builds its Text escaped already (context.styled).
+            assert out.getvalue().count("\\x1b[2J\\x1b]0;pwned") >= 3
+        else:  # piped: the data as it is
+            assert out.getvalue().count("\x1b[2J") == 4

@@ -185,13 +185,40 @@ def test_postgresql_urls_and_conninfo_are_accepted(monkeypatch: pytest.MonkeyPat
         ("postgresql://u:se/cr?et@h/db", "postgresql://u:***@h/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
         ("host=h password=:// dbname=db", "host=h password=*** dbname=db"),  # found by the property below
+        # issue #25: the client key's passphrase, and keys libpq percent-decodes, were shown.
+        ("postgresql://h/db?sslpassword=secret", "postgresql://h/db?sslpassword=***"),
+        ("postgresql://h/db?pass%77ord=secret&sslmode=require", "postgresql://h/db?pass%77ord=***&sslmode=require"),
+        ("postgresql://h/db?%73%73%6Cpassword=secret", "postgresql://h/db?%73%73%6Cpassword=***"),
+        ("host=h sslpassword='se cret' sslkey=/k.pem", "host=h sslpassword=*** sslkey=/k.pem"),
+        ("postgresql://h/db?sslkey=/k.pem&passfile=/p", "postgresql://h/db?sslkey=/k.pem&passfile=/p"),
     ],
 )
 def test_passwords_are_masked(url: str, masked: str) -> None:
     assert mask_secrets(url) == masked
 
 
-@given(st.text(st.characters(blacklist_characters="&#'\\ \t\n\r\x0b\x0c"), min_size=1, max_size=20))
+def _spelled(key: str, encoded: list[bool], upper: list[bool]) -> str:
+    """``key`` as a URL may spell it: any character percent-encoded, any letter upper case."""
+    chars = [c.upper() if up else c for c, up in zip(key, upper, strict=False)] + list(key[len(upper) :])
+    return "".join(f"%{ord(c):02X}" if enc else c for c, enc in zip(chars, encoded + [False] * len(key), strict=False))
+
+
+SECRET = st.text(st.characters(blacklist_characters="&#'\\ \t\n\r\x0b\x0c"), min_size=1, max_size=20)
+FLAGS = st.lists(st.booleans(), max_size=11)
+
+
+@given(SECRET, st.sampled_from(["password", "sslpassword"]), FLAGS, FLAGS)
+def test_no_secret_query_parameter_survives_masking(
+    secret: str, key: str, encoded: list[bool], upper: list[bool]
+) -> None:
+    """?password=, ?sslpassword=, however the key is spelled (pass%77ord, PassWord)."""
+    spelled = _spelled(key, encoded, upper)
+    url = f"postgresql://h/db?sslmode=require&{spelled}={secret}&application_name=x"
+    assert mask_secrets(url) == f"postgresql://h/db?sslmode=require&{spelled}=***&application_name=x"
+    assert mask_secrets(f"host=h {key}={secret} dbname=x") == f"host=h {key}=*** dbname=x"
+
+
+@given(SECRET)
 def test_no_password_survives_masking(secret: str) -> None:
     for template, masked in [
         ("postgresql://u:{}@h/db", "postgresql://u:***@h/db"),

@@ -67,3 +67,29 @@ def test_naive_datetimes_are_refused() -> None:
         check_aware(datetime(2026, 1, 1))
     aware = datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=-5)))
     assert check_aware(aware) is aware
+
+
+HUGE = ["99999999999d", "9" * 400 + "d", "99999999999999999999999s", "3651d"]
+
+
+@pytest.mark.parametrize("text", HUGE)
+def test_every_duration_parser_refuses_a_huge_duration_in_one_line(text: str) -> None:
+    """Each door's parser (run --in, --interval, --catchup-window, events --since, purge and
+    dead-letter ages, retention settings) says so instead of an OverflowError (issue #25)."""
+    from conveyor.domain.retention import parse_age, retention_seconds
+    from conveyor.domain.schedules import InvalidScheduleError, parse_every
+    from conveyor.schedule_verbs import duration
+
+    parsers = [
+        (parse_duration, DelayError),
+        (parse_every, InvalidScheduleError),
+        (lambda t: duration(t, "catchup_window"), InvalidScheduleError),
+        (lambda t: duration(t, "interval"), InvalidScheduleError),
+        (parse_age, DelayError),
+        (retention_seconds, ValueError),
+    ]
+    for parse, error in parsers:
+        with pytest.raises(error) as info:
+            parse(text)
+        assert "at most 3650 days" in str(info.value), (parse, str(info.value))
+        assert "\n" not in str(info.value)

@@ -230,3 +230,31 @@ async def test_command_json_output_postgresql_cannot_hold_fails_clearly(printed:
     assert result.data is None
     assert result.error is not None
     assert result.error.startswith(error), result.error
+
+
+# -- what users give the doors (issue #25) ----------------------------------------------------
+
+
+def test_storable_problems_name_the_path_of_each_problem() -> None:
+    from conveyor.domain.storable import storable_problems, unstorable
+
+    doc = {"ok": ["fine", 1, 2.5, None], "tasks": [{"input": {"x": "a\x00b"}}], "k\ud800": 1, "d": {"n": float("nan")}}
+    assert list(storable_problems(doc)) == [
+        ("tasks[0].input.x", "contains a NUL character (\\u0000), which cannot be stored"),
+        ("key 'k\\ud800'", "contains an unpaired surrogate (\\ud800), which is not valid Unicode and cannot be stored"),
+        ("d.n", "nan is not a JSON number"),
+    ]
+    assert list(unstorable("\udcff", "description")) == [
+        "description: contains an unpaired surrogate (\\udcff), which is not valid Unicode and cannot be stored"
+    ]
+    assert list(storable_problems({"a": "é ✓ \U0001f600", "b": "\\x00 \\ud800"})) == []
+
+
+def test_an_answer_with_a_nul_is_refused_before_the_database() -> None:
+    """A schema may well accept {"r": "a\\u0000b"}: jsonb does not (a traceback before)."""
+    from conveyor.domain.errors import InvalidAnswerError
+    from conveyor.verbs import check_answer
+
+    with pytest.raises(InvalidAnswerError) as refused:
+        check_answer(7, {"type": "object"}, {"r": "a\x00b"})
+    assert refused.value.problems == [("data.r", "contains a NUL character (\\u0000), which cannot be stored")]

@@ -27,6 +27,7 @@ from conveyor.domain.errors import (
     UnknownActionError,
 )
 from conveyor.domain.schedules import InvalidScheduleError
+from conveyor.domain.storable import clean_text
 from conveyor.store.db import log_operational, rolled_back
 
 log = structlog.get_logger(__name__)
@@ -38,7 +39,20 @@ class ClientGoneError(Exception):
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+    return JSONResponse(_shown({"error": message, **extra}), status_code=status, headers=headers)
+
+
+def _shown(value: Any) -> Any:
+    """A refusal quotes what the client sent, which may hold a lone surrogate (a \\ud800
+    escape in its JSON): not UTF-8, so the response itself could not be written (a 500).
+    Shown as the escape text, as diagnostics are (domain.storable.clean_text)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {_shown(k): _shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_shown(v) for v in value]
+    return value
 
 
 def _field(loc: tuple[Any, ...]) -> str:

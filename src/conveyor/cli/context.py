@@ -15,9 +15,9 @@ from typing import Any
 
 import psycopg
 import typer
-from rich.console import Console
 from rich.text import Text
 
+from conveyor.cli.terminal import SafeConsole, visible
 from conveyor.config import LoadedSettings, load_settings
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.embedded import resolve_direct_url
@@ -29,8 +29,10 @@ from conveyor.store.migrate import check_version, known_migrations
 # Neither console interprets markup nor emoji codes: what they print is user data
 # (action refs, parameters, results, error messages quoting schemas) that may hold
 # "[/x]" or ":smile:". Styling is explicit, with ``Text`` (see ``styled``).
-console = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
-err_console = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)
+# On a terminal, control characters in what they print are shown as \xNN (SafeConsole): user
+# data must not drive the operator's terminal.
+console = SafeConsole(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
+err_console = SafeConsole(stderr=True, soft_wrap=True, markup=False, emoji=False)
 
 
 class State:
@@ -111,14 +113,21 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2) + "\n")
 
 
+def _shown(text: str) -> str:
+    # Escaped when built, not only when printed (SafeConsole does both): a table measures its
+    # cells' Text before printing them, and must measure what will be shown.
+    return visible(text) if console.is_terminal or err_console.is_terminal else text
+
+
 def styled(text: str, style: str) -> Text:
     """``text`` in ``style``, taken literally (never parsed as markup)."""
-    return Text(text, style=style)
+    return Text(_shown(text), style=style)
 
 
 def line(*parts: str | Text | tuple[str, str]) -> Text:
     """One line from literal pieces: plain strings, ``Text``, or ``(text, style)``."""
-    return Text.assemble(*parts)
+    return Text.assemble(*(_shown(p) if isinstance(p, str) else (_shown(p[0]), p[1]) if isinstance(p, tuple) else p
+                           for p in parts))  # fmt: skip
 
 
 def age(seconds: float | None) -> str:

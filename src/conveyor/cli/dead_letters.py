@@ -35,6 +35,7 @@ from conveyor.cli.context import (
 )
 from conveyor.config import Settings
 from conveyor.domain.dead_letters import DeadLetterReason, Resolution
+from conveyor.domain.delays import DurationTooLong
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import RetentionError, parse_age
 from conveyor.embedded import resolve_direct_url
@@ -58,6 +59,8 @@ def parse_duration(text: str) -> float:
     the same ages a purge takes (domain.retention.parse_age), said as a duration here."""
     try:
         return parse_age(text)
+    except DurationTooLong as exc:
+        raise typer.BadParameter(str(exc)) from None
     except RetentionError:
         raise typer.BadParameter(
             f"{text!r} is not a duration: give seconds (90) or a number with s, m, h or d (15m)"

@@ -15,7 +15,7 @@ from rich.table import Table
 from conveyor.cli.context import JsonOption, JsonResultOption, console, line, print_json, state, styled, when
 from conveyor.cli.run import parse_parameters
 from conveyor.cli.triggers import read_json_file
-from conveyor.domain.delays import DelayError, check_aware, parse_duration
+from conveyor.domain.delays import MAX_DELAY, DelayError, DurationTooLong, check_aware, parse_duration
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.sdk import Client
@@ -47,6 +47,8 @@ def parse_time(client: Client, option: str, text: str) -> datetime:
         pass
     try:
         ago = parse_duration(text)
+    except DurationTooLong:
+        raise ConveyorError(f"{option} {text!r}: at most {MAX_DELAY.days} days ago") from None
     except DelayError:
         raise ConveyorError(
             f"{option} {text!r}: give an ISO 8601 time with a UTC offset (2026-11-25T12:00:00+00:00) "

@@ -103,6 +103,12 @@ def _user_facing(exc: BaseException) -> str | None:
         return schema_problem()
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}"
+    if isinstance(exc, psycopg.DataError):
+        # A value a door's own checks let through and PostgreSQL refused (the doors refuse
+        # NUL and lone surrogates themselves: domain.storable): one line, as the API's 422.
+        detail = f" ({exc.diag.message_detail})" if exc.diag.message_detail else ""
+        first = (exc.diag.message_primary or str(exc)).splitlines()[0]
+        return f"invalid value: {first}{detail}"
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             message = _user_facing(inner)
@@ -114,7 +120,7 @@ def _user_facing(exc: BaseException) -> str | None:
 def main() -> None:
     try:
         app()
-    except (ConveyorError, psycopg.OperationalError, *MISSING_SCHEMA, BaseExceptionGroup) as exc:
+    except (ConveyorError, psycopg.OperationalError, psycopg.DataError, *MISSING_SCHEMA, BaseExceptionGroup) as exc:
         message = _user_facing(exc)
         if message is None:
             raise

@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Annotated, TextIO
 
 import typer
 
 from conveyor.cli.context import state
+from conveyor.cli.terminal import visible  # an action's output must not drive the terminal
 from conveyor.domain.storable import output_text
 from conveyor.sdk_output import OutputChunk
-
-# Control characters a terminal would act on (escape sequences, cursor moves, bells), other
-# than newline, tab and carriage return: an action's output must not drive the operator's
-# terminal, so on a terminal they are shown as \xNN. Piped output is the exact bytes.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def _visible(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _write(out: TextIO, chunk: OutputChunk | str) -> None:
     """On a terminal, text with what is not UTF-8 and control characters as \\xNN; piped, the
     exact bytes (a file gets what the action wrote)."""
     if out.isatty() or isinstance(chunk, str):
-        out.write(_visible(chunk if isinstance(chunk, str) else chunk.text()))
+        out.write(visible(chunk if isinstance(chunk, str) else chunk.text()))
     else:
         out.flush()
         out.buffer.write(chunk.data)

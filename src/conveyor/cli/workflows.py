@@ -22,6 +22,7 @@ from conveyor.cli.context import (
     styled,
     when,
 )
+from conveyor.cli.terminal import visible
 from conveyor.domain.errors import ConveyorError, InvalidWorkflowError
 from conveyor.workflows.graph import describe, graph
 from conveyor.workflows.registration import MAX_SOURCE, Definition
@@ -112,7 +113,7 @@ def get(
         return
     if source:  # exactly as registered (a spec built in Python has none: its stored form)
         text = workflow["source"] or json.dumps(workflow["definition"], indent=2) + "\n"
-        sys.stdout.write(text)
+        sys.stdout.write(visible(text) if sys.stdout.isatty() else text)  # piped: the file as registered
         return
     show_workflow(workflow)
 

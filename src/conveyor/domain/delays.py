@@ -4,6 +4,7 @@ never this process's: a client's clock may be off by seconds."""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta
 
@@ -11,12 +12,19 @@ from conveyor.domain.errors import ConveyorError
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
-# A ceiling well inside PostgreSQL's interval and timestamptz ranges.
+# The ceiling of every duration a user types (a delay, an interval, a catch-up window, an
+# age to look back or purge): well inside PostgreSQL's interval and timestamptz ranges and
+# Python's timedelta, so no door fails on an overflow (99999999999d) instead of saying so.
 MAX_DELAY = timedelta(days=3650)
+_MAX_SECONDS = MAX_DELAY.total_seconds()
 
 
 class DelayError(ConveyorError):
     """A delay or a time that cannot be used: said in one line."""
+
+
+class DurationTooLong(DelayError):
+    """A duration beyond :data:`MAX_DELAY` (or not finite)."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -30,8 +38,17 @@ def parse_duration(text: str) -> timedelta:
     order = list(_UNITS)
     if len(set(units)) != len(units) or units != sorted(units, key=order.index):
         raise DelayError(f"--in {text!r}: give each unit once, largest first (e.g. 1h30m)")
-    delay = timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
-    return check_delay(delay, f"--in {text!r}")
+    seconds = check_seconds(sum(float(n) * _UNITS[u] for n, u in parts), f"--in {text!r}")
+    return check_delay(timedelta(seconds=seconds), f"--in {text!r}")
+
+
+def check_seconds(seconds: float, what: str) -> float:
+    """A number of seconds any duration parser may turn into a timedelta or an interval:
+    checked before the conversion, which overflows (OverflowError, or PostgreSQL's
+    'interval out of range') far beyond the ceiling."""
+    if not math.isfinite(seconds) or seconds > _MAX_SECONDS:
+        raise DurationTooLong(f"{what}: at most {MAX_DELAY.days} days")
+    return seconds
 
 
 def check_delay(delay: timedelta, what: str = "delay") -> timedelta:

@@ -6,14 +6,13 @@ instead of a driver error."""
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 
 from conveyor.domain.errors import InvalidPayloadError, InvalidTriggerError, NotFoundError
+from conveyor.domain.storable import unstorable  # the one check of what PostgreSQL can store
 
 # trigger.name's CHECK (migration 0016).
 NAME_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$"
@@ -42,30 +41,6 @@ def enforcement_not_found(enforcement_id: int) -> NotFoundError:
 
 def valid_id(value: int) -> bool:
     return 1 <= value <= ID_MAX
-
-
-def unstorable(value: Any, path: str) -> Iterator[str]:
-    """Where ``value`` holds what jsonb refuses: a NUL character (\\u0000) or a lone
-    surrogate (not UTF-8), in a string or an object's key; NaN or Infinity."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            yield f"{path}: contains a NUL character (\\u0000), which cannot be stored"
-        elif not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                yield f"{path}: contains a lone surrogate, which is not UTF-8"
-    elif isinstance(value, float) and not math.isfinite(value):
-        yield f"{path}: {value} is not a JSON number"
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            key_problems = list(unstorable(key, f"{path} key {key[:40]!r}" if isinstance(key, str) else path))
-            yield from key_problems
-            if not key_problems:
-                yield from unstorable(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from unstorable(item, f"{path}[{index}]")
 
 
 def check_trigger(name: str, payload_schema: Any, description: str | None = None) -> None:

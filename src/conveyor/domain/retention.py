@@ -8,6 +8,7 @@ import math
 import re
 from typing import Any
 
+from conveyor.domain.delays import DelayError, check_seconds
 from conveyor.domain.errors import ConveyorError
 
 # What a purge may take: finished executions only (the status graph's terminal ones).
@@ -29,7 +30,8 @@ def parse_age(text: str) -> float:
     match = _AGE.fullmatch(text.strip().lower())
     if match is None:
         raise RetentionError(f"{text!r} is not an age: give seconds (90) or a number with s, m, h, d or w (30d)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    # The one ceiling of every duration (domain.delays): DurationTooLong, said in one line.
+    return check_seconds(float(match.group(1)) * _UNITS[match.group(2)], repr(text))
 
 
 def retention_seconds(value: Any) -> float | None:
@@ -47,7 +49,7 @@ def retention_seconds(value: Any) -> float | None:
             return None
         try:
             return parse_age(value)
-        except RetentionError as exc:
+        except (RetentionError, DelayError) as exc:
             raise ValueError(f"{exc}, or off") from None
     raise ValueError(f"{value!r} is not an age")
 

@@ -10,6 +10,10 @@ its data would be retried, or take the worker down, for ever).
   with the reason (:class:`Unstorable`): the execution fails with that error.
 - Text Conveyor writes about a run (errors, tracebacks) is diagnostics: NUL and unpaired
   surrogates are shown as Python-style backslash escapes, and errors are cut to a length.
+- What a user gives a door (a workflow or rule definition, a schedule, a webhook, an
+  inquiry's answer, an event's payload) is refused when PostgreSQL could not store it
+  (:func:`storable_problems`), with the path of each problem, instead of failing in the
+  database with a driver error (a traceback in the CLI, a 500 from the API).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 UTF8, BASE64 = "utf-8", "base64"
@@ -129,3 +135,41 @@ def stored_value(value: Any, limit: int) -> tuple[Any, bool]:
         return json.loads(text), False
     except RecursionError:  # parsing nests a little deeper than json.dumps did
         raise Unstorable("it is nested too deeply to convert to JSON") from None
+
+
+def storable_problems(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """``(path, message)`` for every place in user data (text, or JSON-like data as a door
+    parsed it) that PostgreSQL's ``text`` and ``jsonb`` refuse: a NUL character, an
+    unpaired surrogate (not UTF-8), in a string or an object's key; NaN or Infinity. The
+    path joins keys with dots and indexes with ``[i]`` (``tasks.a.input.x``); one problem
+    of a key hides its value's."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield path, "contains a NUL character (\\u0000), which cannot be stored"
+        elif not value.isascii():
+            try:
+                value.encode(UTF8)
+            except UnicodeEncodeError as e:
+                code = f"\\u{ord(value[e.start]):04x}"
+                yield path, f"contains an unpaired surrogate ({code}), which is not valid Unicode and cannot be stored"
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path, f"{value} is not a JSON number"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str):
+                key_problems = [(f"{path} key {key[:40]!r}" if path else f"key {key[:40]!r}", message)
+                                for _, message in storable_problems(key)]  # fmt: skip
+                if key_problems:
+                    yield from key_problems
+                    continue
+            yield from storable_problems(item, where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from storable_problems(item, f"{path}[{index}]")
+
+
+def unstorable(value: Any, path: str) -> Iterator[str]:
+    """:func:`storable_problems` as lines, ``path: message``."""
+    for where, message in storable_problems(value, path):
+        yield f"{where}: {message}" if where else message

@@ -19,6 +19,7 @@ import yaml
 
 from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_yaml
 from conveyor.domain.errors import InvalidRuleError
+from conveyor.domain.storable import storable_problems
 from conveyor.rules import criteria as c
 from conveyor.rules.spec import RuleSpec
 from conveyor.workflows.expressions import syntax_errors, unknown_functions
@@ -50,10 +51,10 @@ def parse(doc: Any, where: str = "") -> RuleSpec:
     problems: Problems = []
     if not isinstance(doc, Mapping):
         raise InvalidRuleError([(where, "", "a rule must be a mapping (ref, trigger, criteria, action)")])
-    try:  # JSON's \ud800 escapes decode to lone surrogates, which no database text can hold
-        json.dumps(doc, default=str, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRuleError([(where, "", f"not valid Unicode: {exc.reason}")]) from None
+    # "\x00" and "\ud800" escapes (YAML or JSON) give what no database text can hold.
+    unstorable = [(where, path, message) for path, message in storable_problems(doc)]
+    if unstorable:
+        raise InvalidRuleError(unstorable)
     for key in doc:
         if key not in KNOWN and key not in IGNORED:
             problems.append((str(key), "unknown key"))

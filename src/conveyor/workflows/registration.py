@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import InvalidWorkflowError
+from conveyor.domain.storable import storable_problems
 from conveyor.workflows.parse import load_workflow, parse_workflow
 from conveyor.workflows.problems import Problem, WorkflowError
 from conveyor.workflows.spec import WorkflowSpec
@@ -99,9 +100,26 @@ def prepare(
             problems.append((d.where, "ref", f"{spec.ref} is also defined by {seen[spec.ref] or 'another definition'}"))
         seen.setdefault(spec.ref, d.where)
         problems += [(d.where, p.path, p.message) for p in validate(spec, known)]
+        problems += [(d.where, path, message) for path, message in _unstorable(d, spec)]
     if problems:
         raise InvalidWorkflowError(problems)
     return [Registration(spec, _source(d)) for d, spec in specs]
+
+
+def _unstorable(d: Definition, spec: WorkflowSpec) -> list[tuple[str, str]]:
+    """What PostgreSQL would refuse in the stored definition (a ``"\\x00"`` or ``"\\ud800"``
+    escape in YAML), else in the text kept as written: refused here, with its path."""
+    stored = spec.to_json()
+    found = [(_task_named(stored, path), message) for path, message in storable_problems(stored)]
+    return found or list(storable_problems(_source(d) or "", "(the definition's text)"))
+
+
+def _task_named(stored: Mapping[str, Any], path: str) -> str:
+    """``tasks[0].input.x`` (the stored list) as the definition says it: ``tasks.a.input.x``."""
+    match = re.match(r"tasks\[(\d+)\]", path)
+    if match is None:
+        return path
+    return f"tasks.{stored['tasks'][int(match.group(1))]['name']}{path[match.end() :]}"
 
 
 def _source(d: Definition) -> str | None:
