@@ -45,6 +45,7 @@ from conveyor.config_keys import (
     check_unknown,
     env_path,
 )
+from conveyor.config_workflow import WorkflowBounds
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT
@@ -192,7 +193,7 @@ class LogSettings(_Section):
     json_output: bool = Field(False, alias="json")
 
 
-class WorkflowSettings(_Section):
+class WorkflowSettings(WorkflowBounds):  # the bounds: config_workflow.py
     max_depth: int = Field(
         10, ge=0, le=1000, description="deepest sub-workflow nesting (a workflow is 0); deeper fails at start"
     )

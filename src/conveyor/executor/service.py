@@ -60,7 +60,7 @@ class ExecutorService:
         )
         self._recovery = Recovery(pool, settings)
         self._retention = Retention(pool, settings.retention)
-        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size)
+        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size, bounds=settings.workflow)
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
             transport.handle_dead_letters(self._dead_letters)

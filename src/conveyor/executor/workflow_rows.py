@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
+from conveyor.config_workflow import WorkflowBounds
 from conveyor.workflows.state import (
     CancelRequested,
     ChildEnded,
@@ -220,3 +222,31 @@ class RowCache:
 
 def _json(value: Any) -> Any:
     return None if value is None else json.loads(json.dumps(value))
+
+
+OVER_BOUND = "CVB01"  # charge_workflow_trees (migration 0033): a workflow.max_tree_* bound
+
+
+def over_bound(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) and exc.sqlstate == OVER_BOUND
+
+
+@dataclass(slots=True)
+class Charges:
+    """What an advancement creates, by workflow, for its trees' counters."""
+
+    tasks: dict[int, int] = field(default_factory=dict)  # new task instances
+    executions: dict[int, int] = field(default_factory=dict)  # children made
+
+    def new_tasks(self, wid: int, step: Step, rows: Rows) -> None:
+        self.tasks[wid] = sum(1 for t in step.tasks if (t.name, t.iteration) not in rows.tasks)
+
+    def any(self) -> bool:
+        return any(self.tasks.values()) or any(self.executions.values())
+
+    def params(self, bounds: WorkflowBounds) -> dict[str, Any]:
+        wids = sorted(w for w in self.tasks.keys() | self.executions.keys()
+                      if self.tasks.get(w) or self.executions.get(w))  # fmt: skip
+        return {"wids": wids, "tasks": [self.tasks.get(w, 0) for w in wids],
+                "executions": [self.executions.get(w, 0) for w in wids],
+                "max_tasks": bounds.max_tree_tasks, "max_executions": bounds.max_tree_executions}  # fmt: skip

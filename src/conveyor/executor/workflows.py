@@ -30,13 +30,16 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
+from conveyor.config_workflow import WorkflowBounds
 from conveyor.executor.workflow_rows import (
     TERMINAL,
+    Charges,
     RowCache,
     Rows,
     WorkflowBroken,
     Writes,
     event_of,
+    over_bound,
     result_of,
     rows_of,
     state_of,
@@ -63,9 +66,11 @@ class PassResult:
 
 
 class Advancer:
-    def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None,
+                 bounds: WorkflowBounds | None = None) -> None:  # fmt: skip
         self._pool = pool
         self._batch_size = batch_size
+        self._bounds = bounds or WorkflowBounds.model_validate({})
         self._decide: Decide = decide or advance  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
         self._actions: set[str] = set()  # action refs known to exist
@@ -122,8 +127,11 @@ class Advancer:
                 results = [await self.advance_many([wid]) for wid in seen]
                 return PassResult(*(sum(getattr(r, f) for r in results) for f in ("advanced", "failed", "skipped")))
         for wid, exc in broken.items():
-            log.error("workflow advancement failed; failing the workflow", workflow_execution=wid, error=repr(exc),
-                      exc_info=None if isinstance(exc, WorkflowBroken) else exc)  # fmt: skip
+            if over_bound(exc):  # the definition's doing, not a defect: no traceback
+                log.warning("workflow over a bound; failing the workflow", workflow_execution=wid, error=str(exc))
+            else:
+                log.error("workflow advancement failed; failing the workflow", workflow_execution=wid,
+                          error=repr(exc), exc_info=None if isinstance(exc, WorkflowBroken) else exc)  # fmt: skip
             await self._fail(wid, exc)
         return PassResult(advanced, len(broken), len(seen) - advanced - len(broken))
 
@@ -175,6 +183,7 @@ class Advancer:
         unknown = await self._unknown_actions(conn, {c.action_ref for *_, step, _ in decided if step
                                                      for c in step.children})  # fmt: skip
         writes = Writes()
+        charges = Charges()
         applied: list[tuple[dict[str, Any], Step]] = []
         for wf, ref, step, policy in decided:
             missing = sorted({f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step
@@ -185,8 +194,9 @@ class Advancer:
             if step is not None:
                 writes.add(wf, ref, step, policy)
                 applied.append((wf, step))
+                charges.new_tasks(wf["id"], step, rows[wf["id"]])
             consumed += [e["id"] for e in events[wf["id"]]]
-        updated, executions = await self._apply(conn, writes)
+        updated, executions = await self._apply(conn, writes, charges)
         await conn.execute(Q["workflow_consume_events"], {"ids": consumed})
         if failpoints.armed("workflow.before_commit"):
             await pipeline.sync()  # everything applied on the server, uncommitted
@@ -261,7 +271,7 @@ class Advancer:
             rows |= await _rows_from(*stale_reading)
         return rows
 
-    async def _apply(self, conn: Any, writes: Writes) -> tuple[Any, dict[int, dict[Any, int]]]:
+    async def _apply(self, conn: Any, writes: Writes, charges: Charges) -> tuple[Any, dict[int, dict[Any, int]]]:
         """The batch's decisions, one statement per kind of write, sent without waiting
         but for the children (their dispatch claims, then their ids). Returns the cursor
         of the workflow rows' new versions (read after the commit), and the new children's
@@ -272,7 +282,10 @@ class Advancer:
         if writes.dispatches["wids"]:
             await conn.execute(Q["workflow_upsert_dispatches"], writes.dispatches)
         if writes.children:
-            await self._request_children(conn, writes, executions)
+            await self._request_children(conn, writes, executions, charges)
+        if charges.any():
+            # Not awaited: over a bound it raises, and the advancement rolls back whole.
+            await conn.execute(Q["workflow_charge_trees"], charges.params(self._bounds))
         if writes.cancel["ids"]:
             await conn.execute(Q["workflow_cancel_children"], writes.cancel)
         updated = await conn.execute(Q["workflow_update"], writes.update) if writes.update["ids"] else None
@@ -281,7 +294,8 @@ class Advancer:
             await conn.execute(Q["workflow_end_execution"], writes.end)
         return updated, executions
 
-    async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]]) -> None:
+    async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]],
+                                charges: Charges) -> None:  # fmt: skip
         cursor = await conn.execute(Q["workflow_claim_dispatches"], writes.claims())
         claimed = {(r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
                    for r in await cursor.fetchall()}  # fmt: skip
@@ -296,6 +310,8 @@ class Advancer:
                     executions.pop(wf["id"], None)
         if not new:
             return
+        for _, wf, _ in new:  # the children made here, not those a replay found made
+            charges.executions[wf["id"]] = charges.executions.get(wf["id"], 0) + 1
         cursor = await conn.execute(Q["workflow_request_children"], {
             "dispatches": [d for d, _, _ in new], "parents": [wf["execution"] for _, wf, _ in new],
             "refs": [c.action_ref for *_, c in new], "parameters": [Jsonb(c.parameters) for *_, c in new],
@@ -314,8 +330,11 @@ class Advancer:
         """Fail a workflow whose advancement broke, naming the error; its running
         children are cancelled and its events consumed. Best effort: if this fails too,
         the events stay and the next pass tries again (logged, never a crash)."""
-        error = str(exc) if isinstance(exc, WorkflowBroken) else f"{type(exc).__name__}: {exc}"
-        message = f"workflow advancement failed: {error}"
+        if over_bound(exc):  # the error names the bound and its setting: as it is
+            message = str(exc.diag.message_primary)  # type: ignore[attr-defined]
+        else:
+            error = str(exc) if isinstance(exc, WorkflowBroken) else f"{type(exc).__name__}: {exc}"
+            message = f"workflow advancement failed: {error}"
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 ids = [workflow_id]

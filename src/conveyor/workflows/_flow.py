@@ -12,6 +12,10 @@ from conveyor.workflows.expressions import item_vars
 from conveyor.workflows.spec import COMMANDS, RetrySpec, TaskSpec
 from conveyor.workflows.state import NewChild, TaskKey, TaskRun, TaskStatus
 
+# Orquesta's composer turns ``do: retry`` into ``retry: {count: 3}`` (composers/native.py).
+RETRY_COMMAND_COUNT = 3
+RETRIED = "retry"  # in a task instance's arrivals: one attempt of the retry command
+
 
 def retry_delay(retry: RetrySpec, used: int) -> float:
     """The wait before retry number ``used + 1``: delay * backoff**used, capped."""
@@ -81,6 +85,17 @@ class Flow(Working):
         # the resume, or for a rerun of the failed workflow: Orquesta's continuation).
         name = source[0]
         if self.spec.tasks[target].join is None:
+            last = (target, self.latest.get(target, -1))
+            staged = self.tasks.get(last)
+            if staged is not None and staged.status == "waiting":
+                # Reached again before it started (in this advancement, or held while
+                # paused or failing): the same instance, as Orquesta merges an arrival
+                # into the task it staged. Otherwise a cycle beside a fork, whose branches
+                # all come back, doubled the cycle's instances at each turn.
+                self.update_task(last, arrivals=(*staged.arrivals, name))
+                if force:
+                    self.to_start.append((last, force))
+                return
             self.enter(target, (name,), force)
             return
         latest = self.latest.get(target)
@@ -230,23 +245,27 @@ class Flow(Working):
 
     def transitions(self, key: TaskKey, run: TaskRun) -> None:
         """Every ``next`` entry whose ``when`` holds: publish in order, then ``do``.
-        A failed task that no entry matched fails the workflow (Orquesta: unhandled)."""
+        A failed task that no entry matched fails the workflow (Orquesta: unhandled).
+        The ``retry`` command comes first: while it retries, no entry is followed."""
         spec = self.spec.tasks[run.name]
-        matched, failing, again = False, False, False
+        matched, failing = False, False
         targets: list[str] = []
         try:
+            if self.retry_command(key, run):
+                return
             for n, tr in enumerate(spec.next):
+                do = [t for t in tr.do if t != RETRIED]
+                if tr.do and not do:
+                    continue  # only the retry command: not a transition (Orquesta draws no edge for it)
                 if tr.when is not None and not self.evaluate(tr.when, self._after(run), key, f"next[{n}].when"):
                     continue
                 matched = True
                 for name, value in tr.publish:
                     # A fresh scope each time: later entries see earlier ones.
                     self.context[name] = self.evaluate(value, self._after(run), key, f"next[{n}].publish.{name}")
-                for target in tr.do:
+                for target in do:
                     if target == "fail":
                         failing = True
-                    elif target == "retry":
-                        again = True
                     elif target not in COMMANDS:  # continue, noop: nothing
                         targets.append(target)
         except Stop:
@@ -257,8 +276,23 @@ class Flow(Working):
             self.fail(key, run.error or f"task {run.name!r} failed", type="task")
         for target in targets:
             self.arrive(target, key, force=failing)
-        if again and not self.stopping:
-            self.enter(run.name, run.arrivals)
+
+    def retry_command(self, key: TaskKey, run: TaskRun) -> bool:
+        """``do: retry`` as Orquesta reads it: not a transition but the task's retry policy,
+        ``{when: <the entry's when, or completed()>, count: 3}`` (the last such entry wins).
+        It runs the task again as a new iteration, at most :data:`RETRY_COMMAND_COUNT`
+        times in a row, and the task's transitions are followed only after the last
+        attempt. Unbounded (as it was: every end re-entered the task), ``do: retry``
+        without ``when`` ran a task ``max_iterations`` times where Orquesta runs it 4."""
+        entries = [(n, tr) for n, tr in enumerate(self.spec.tasks[run.name].next) if RETRIED in tr.do]
+        if not entries or self.stopping or run.arrivals.count(RETRIED) >= RETRY_COMMAND_COUNT:
+            return False
+        n, tr = entries[-1]
+        if tr.when is not None and not self.evaluate(tr.when, self._after(run), key, f"next[{n}].when"):
+            return False
+        # The marker counts the attempts on the instance itself (no task is named "retry").
+        self.enter(run.name, (*run.arrivals, RETRIED))
+        return True
 
     def _after(self, run: TaskRun) -> Any:
         return self.scope(result=run.result, status=run.status)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from conveyor.workflows._flow import Flow, retry_delay
+from conveyor.workflows._flow import RETRIED, Flow, retry_delay
 from conveyor.workflows._working import TERMINAL, Stop
 from conveyor.workflows.childresult import child_value
 from conveyor.workflows.expressions import Scope, item_vars
@@ -47,9 +47,11 @@ __all__ = ["advance"]
 def advance(spec: WorkflowSpec, state: WorkflowState, events: Sequence[Event]) -> Step:
     """Apply ``events`` in order to ``state`` and decide what follows."""
     conductor = _Conductor(spec, state)
+    # Every event first, then what they reached starts: arrivals at one task from
+    # several events of this advancement make one instance (see Flow.arrive).
     for event in events:
         conductor.handle(event)
-        conductor.run_queue()
+    conductor.run_queue()
     conductor.finish()
     return conductor.step()
 
@@ -263,7 +265,8 @@ class _Conductor(Flow):
                 self.update_task(key, status="waiting", error=None)  # a join that could not fire waits again
         for run in again:
             before = self.latest.get(run.name)
-            self.enter(run.name, run.arrivals)
+            # A fresh start: the retry command's attempts are counted again.
+            self.enter(run.name, tuple(a for a in run.arrivals if a != RETRIED))
             if self.latest.get(run.name) != before:  # listed: it starts, even a join short of arrivals
                 self.to_start.append(((run.name, self.latest[run.name]), False))
         # What was reached but not started because the workflow was failing starts now.

@@ -62,10 +62,16 @@ extra.subprocess_action(
 
 
 @pytest.fixture
-async def world(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+def workflow_settings() -> dict[str, Any]:
+    """The executor's ``workflow`` settings beyond the poll interval (a module overrides it)."""
+    return {}
+
+
+@pytest.fixture
+async def world(db_url: str, workflow_settings: dict[str, Any]) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """Services running; yields their pool (tests read and write through ``conn``)."""
     settings = Settings(  # type: ignore[arg-type]
-        executor={"poll_interval": 0.2}, workflow={"poll_interval": 0.2},
+        executor={"poll_interval": 0.2}, workflow={"poll_interval": 0.2, **workflow_settings},
         worker={"name": "w-wf", "heartbeat_interval": 1}, dead_letter={"enabled": False},
     )  # fmt: skip
     pool = make_pool(db_url, "conveyor", "test-world", 10)

@@ -529,6 +529,46 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.charge_workflow_trees(p_wids bigint[], p_tasks integer[], p_executions integer[], p_max_tasks bigint, p_max_executions bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    r record;
+    t workflow_tree;
+BEGIN
+    FOR r IN
+        WITH RECURSIVE u AS (
+            SELECT * FROM unnest(p_wids, p_tasks, p_executions) AS u(wid, tasks, executions)
+        ), up AS (
+            SELECT u.wid, e.id, e.parent
+            FROM u JOIN workflow_execution w ON w.id = u.wid JOIN execution e ON e.id = w.execution
+            UNION ALL
+            SELECT up.wid, p.id, p.parent FROM up JOIN execution p ON p.id = up.parent
+        )
+        SELECT up.id AS root, sum(u.tasks) AS tasks, sum(u.executions) AS executions
+        FROM up JOIN u ON u.wid = up.wid
+        WHERE up.parent IS NULL
+        GROUP BY up.id
+        HAVING sum(u.tasks) > 0 OR sum(u.executions) > 0
+        ORDER BY up.id
+    LOOP
+        INSERT INTO workflow_tree AS w (root, tasks, executions) VALUES (r.root, r.tasks, r.executions)
+        ON CONFLICT (root) DO UPDATE
+        SET tasks = w.tasks + EXCLUDED.tasks, executions = w.executions + EXCLUDED.executions, updated = now()
+        RETURNING w.* INTO t;
+        IF t.executions > p_max_executions THEN
+            RAISE EXCEPTION 'workflow execution % and its sub-workflows would request more than % child executions (workflow.max_tree_executions)',
+                r.root, p_max_executions USING ERRCODE = 'CVB01';
+        END IF;
+        IF t.tasks > p_max_tasks THEN
+            RAISE EXCEPTION 'workflow execution % and its sub-workflows would create more than % task instances (workflow.max_tree_tasks)',
+                r.root, p_max_tasks USING ERRCODE = 'CVB01';
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION conveyor.cordon_worker(p_name text, p_cordoned boolean) RETURNS TABLE(id bigint, name text, status text, cordoned boolean)
     LANGUAGE sql
     SET search_path TO 'conveyor'
@@ -3172,6 +3212,17 @@ CREATE SEQUENCE conveyor.workflow_task_dispatch_id_seq
 
 ALTER SEQUENCE conveyor.workflow_task_dispatch_id_seq OWNED BY conveyor.workflow_task_dispatch.id;
 
+CREATE TABLE conveyor.workflow_tree (
+    root bigint NOT NULL,
+    tasks bigint DEFAULT 0 NOT NULL,
+    executions bigint DEFAULT 0 NOT NULL,
+    updated timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_tree_executions_check CHECK ((executions >= 0)),
+    CONSTRAINT workflow_tree_tasks_check CHECK ((tasks >= 0))
+);
+
+COMMENT ON TABLE conveyor.workflow_tree IS 'what the workflows under one top-level workflow execution created, for workflow.max_tree_*';
+
 ALTER TABLE ONLY conveyor.api_token ALTER COLUMN id SET DEFAULT nextval('conveyor.api_token_id_seq'::regclass);
 
 ALTER TABLE ONLY conveyor.dead_letter ALTER COLUMN id SET DEFAULT nextval('conveyor.dead_letter_id_seq'::regclass);
@@ -3317,6 +3368,9 @@ ALTER TABLE ONLY conveyor.workflow_task_dispatch
 
 ALTER TABLE ONLY conveyor.workflow_task
     ADD CONSTRAINT workflow_task_pkey PRIMARY KEY (workflow_execution, task_name, iteration);
+
+ALTER TABLE ONLY conveyor.workflow_tree
+    ADD CONSTRAINT workflow_tree_pkey PRIMARY KEY (root);
 
 CREATE INDEX dead_letter_execution_idx ON conveyor.dead_letter USING btree (execution) WHERE (execution IS NOT NULL);
 
@@ -3539,3 +3593,6 @@ ALTER TABLE ONLY conveyor.workflow_task_dispatch
 
 ALTER TABLE ONLY conveyor.workflow_task
     ADD CONSTRAINT workflow_task_workflow_execution_fkey FOREIGN KEY (workflow_execution) REFERENCES conveyor.workflow_execution(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY conveyor.workflow_tree
+    ADD CONSTRAINT workflow_tree_root_fkey FOREIGN KEY (root) REFERENCES conveyor.execution(id) ON DELETE CASCADE;

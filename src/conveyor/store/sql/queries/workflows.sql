@@ -181,3 +181,10 @@ WHERE workflow_execution = %(id)s AND status = 'running' AND execution IS NOT NU
 -- name: workflow_timeouts
 -- Task and workflow deadlines passed: 'timeout' events (each fires once).
 SELECT workflow_timeouts() AS events;
+
+-- name: workflow_charge_trees
+-- The advancement's new task instances and children, charged to their trees
+-- (charge_workflow_trees, migration 0033): over a workflow.max_tree_* bound it raises
+-- CVB01 and the whole advancement rolls back.
+SELECT charge_workflow_trees(%(wids)s::bigint[], %(tasks)s::int[], %(executions)s::int[], %(max_tasks)s,
+                             %(max_executions)s);
