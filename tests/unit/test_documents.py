@@ -22,15 +22,7 @@ from conveyor.rules import parse as rules
 from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.problems import WorkflowError
-
-
-def bomb(levels: int, width: int = 9) -> str:
-    """The issue's workflow: ``levels`` lists of ``width`` aliases of the level below."""
-    lines = ["ref: tests.bomb", "vars:", "  - l0: &l0 lol"]
-    for n in range(1, levels + 1):
-        lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
-    lines += ["tasks:", "  a:", "    action: core.noop"]
-    return "\n".join(lines) + "\n"
+from support.documents import bomb
 
 
 def test_the_billion_laughs_workflow_is_refused_with_one_line() -> None:
