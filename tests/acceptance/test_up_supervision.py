@@ -169,7 +169,7 @@ def test_up_gives_up_on_a_server_that_keeps_dying(procs: Procs, data_dir: Path) 
     assert second is not None
     os.kill(second, signal.SIGKILL)  # the second death within the window: past restart_limit 1
 
-    # Its services stop first, waiting out their database pool timeouts (30 s) with no server.
+    # Its services stop first, waiting out their passes' database.pool_timeout (10 s) with no server.
     assert up.wait(150) == 1, up.logs()
     assert "giving up on the embedded PostgreSQL; stopping" in up.stderr()
     last = up.stderr().rstrip("\n").rsplit("\n", 1)[-1]
