@@ -29,8 +29,8 @@ class DatabaseSettings(Section):
         gt=0,
         le=60,
         description="while the database cannot be reached, the longest a process waits between two attempts to "
-        "reconnect its pool and its LISTEN session: work resumes within about this long of the server answering "
-        "again, however long the outage",
+        "reconnect its pool and its LISTEN session, and a worker between two tries to write its results: work "
+        "resumes within about this long of the server answering again, however long the outage",
     )
     pool_timeout: float = Field(
         10.0,

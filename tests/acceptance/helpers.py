@@ -232,3 +232,12 @@ def pid_alive(pid: int) -> bool:
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             return False
     return True
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """The pid a PostgreSQL data directory's lock file names (alive or not), or None."""
+    try:
+        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+    except FileNotFoundError:
+        return None
+    return int(first) if first.strip().isdigit() else None

@@ -18,6 +18,7 @@ from acceptance.helpers import (
     describe,
     eventually,
     pid_alive,
+    postmaster_pid,
 )
 
 pytestmark = pytest.mark.acceptance
@@ -31,16 +32,8 @@ def env(db_url: str) -> dict[str, str]:
 # -- 9. the embedded PostgreSQL ----------------------------------------------------------------
 
 
-def _postmaster_pid(data_dir: Path) -> int | None:
-    try:
-        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-    except FileNotFoundError:
-        return None
-    return int(first) if first.strip().isdigit() else None
-
-
 def _server_gone(data_dir: Path) -> bool:
-    pid = _postmaster_pid(data_dir)
+    pid = postmaster_pid(data_dir)
     return pid is None or not pid_alive(pid)
 
 
@@ -54,7 +47,7 @@ def test_up_with_embedded_postgres(procs: Procs) -> None:
     try:
         up = procs.start("up", name="up-embedded-1", env=env)
         up.wait_for_log("Conveyor is up", timeout=60)
-        assert _postmaster_pid(data_dir) is not None
+        assert postmaster_pid(data_dir) is not None
 
         waited = procs.run("run", "core.echo", "message=embedded", "--wait", env=env)
         assert waited.returncode == 0, describe(waited)
@@ -96,7 +89,7 @@ def test_up_with_embedded_postgres(procs: Procs) -> None:
     finally:
         procs.close()
         procs.started.clear()
-        pid = _postmaster_pid(data_dir)
+        pid = postmaster_pid(data_dir)
         if pid is not None and pid_alive(pid):  # a failed run must not leave a server behind
             os.kill(pid, signal.SIGQUIT)
             eventually(lambda: not pid_alive(pid), timeout=15)

@@ -15,6 +15,7 @@ import pytest
 
 from acceptance.helpers import Procs, conveyor_env
 from acceptance.test_api_cli import create_token, free_port
+from support.documents import bomb
 
 pytestmark = pytest.mark.acceptance
 
@@ -22,14 +23,6 @@ pytestmark = pytest.mark.acceptance
 @pytest.fixture
 def env(db_url: str) -> dict[str, str]:
     return conveyor_env(db_url)
-
-
-def bomb(levels: int = 7, width: int = 9) -> str:
-    lines = ["ref: tests.bomb", "vars:", "  - l0: &l0 lol"]
-    for n in range(1, levels + 1):
-        lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
-    lines += ["tasks:", "  a:", "    action: core.noop"]
-    return "\n".join(lines) + "\n"
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from acceptance.helpers import Procs, conveyor_env, describe, eventually, pid_alive, until
+from acceptance.helpers import Procs, conveyor_env, describe, eventually, pid_alive, postmaster_pid, until
 
 pytestmark = pytest.mark.acceptance
 
@@ -35,7 +35,7 @@ def data_dir() -> Iterator[Path]:
     try:
         yield base / "pgdata"
     finally:
-        pid = _postmaster_pid(base / "pgdata")
+        pid = postmaster_pid(base / "pgdata")
         if pid is not None and pid_alive(pid):  # a failed run must not leave a server behind
             os.kill(pid, signal.SIGQUIT)
             eventually(lambda: not pid_alive(pid), timeout=15)
@@ -47,16 +47,8 @@ def env(data_dir: Path) -> dict[str, str]:
     return conveyor_env(None, CONVEYOR__EMBEDDED__DATA_DIR=data_dir)
 
 
-def _postmaster_pid(data_dir: Path) -> int | None:
-    try:
-        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-    except FileNotFoundError:
-        return None
-    return int(first) if first.strip().isdigit() else None
-
-
 def _live_postmaster(data_dir: Path) -> int | None:
-    pid = _postmaster_pid(data_dir)
+    pid = postmaster_pid(data_dir)
     return pid if pid is not None and pid_alive(pid) else None
 
 
@@ -169,7 +161,7 @@ def test_up_gives_up_on_a_server_that_keeps_dying(procs: Procs, data_dir: Path) 
     assert second is not None
     os.kill(second, signal.SIGKILL)  # the second death within the window: past restart_limit 1
 
-    # Its services stop first, waiting out their database pool timeouts (30 s) with no server.
+    # Its services stop first, waiting out their passes' database.pool_timeout (10 s) with no server.
     assert up.wait(150) == 1, up.logs()
     assert "giving up on the embedded PostgreSQL; stopping" in up.stderr()
     last = up.stderr().rstrip("\n").rsplit("\n", 1)[-1]

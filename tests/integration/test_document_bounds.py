@@ -19,16 +19,9 @@ from conveyor.domain.errors import InvalidRuleError, InvalidWorkflowError
 from conveyor.sdk import Client
 from integration.api_kit import Api, error_of
 from integration.webhook_kit import post, register, signed
+from support.documents import bomb
 
 RSS_LIMIT_MIB = 250  # a CLI process is ~60-90 MiB; the bomb took the API to 772 MB
-
-
-def bomb(levels: int = 7, width: int = 9) -> str:
-    lines = ["ref: tests.bomb", "vars:", "  - l0: &l0 lol"]
-    for n in range(1, levels + 1):
-        lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
-    lines += ["tasks:", "  a:", "    action: core.noop"]
-    return "\n".join(lines) + "\n"
 
 
 RULE_BOMB = (

@@ -22,15 +22,7 @@ from conveyor.rules import parse as rules
 from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.problems import WorkflowError
-
-
-def bomb(levels: int, width: int = 9) -> str:
-    """The issue's workflow: ``levels`` lists of ``width`` aliases of the level below."""
-    lines = ["ref: tests.bomb", "vars:", "  - l0: &l0 lol"]
-    for n in range(1, levels + 1):
-        lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
-    lines += ["tasks:", "  a:", "    action: core.noop"]
-    return "\n".join(lines) + "\n"
+from support.documents import bomb
 
 
 def test_the_billion_laughs_workflow_is_refused_with_one_line() -> None:
@@ -105,6 +97,17 @@ def test_a_merge_key_may_be_overridden_but_no_key_repeats() -> None:
         load_yaml("x: 1\nx: 2\n")
     with pytest.raises(DocumentError, match="duplicate key 1 at line 2"):
         load_yaml("1: a\n0x1: b\n")  # the same key, spelled otherwise
+
+
+def test_keys_are_compared_as_the_json_keys_they_become() -> None:
+    # 1 and "1" are one key once stored as JSON: the last would silently win.
+    with pytest.raises(DocumentError, match=r"duplicate key '1' at line 2 \(first at line 1\)"):
+        load_yaml("1: a\n'1': b\n")
+    with pytest.raises(DocumentError, match="duplicate key 'true' at line 2"):
+        load_yaml("true: a\n'true': b\n")
+    with pytest.raises(DocumentError, match="duplicate key True at line 2"):
+        load_yaml("1: a\ntrue: b\n")  # one entry of a Python dict all the same
+    assert load_yaml("1: a\n'2': b\nx: c\n") == {1: "a", "2": "b", "x": "c"}
 
 
 WORKFLOW = """\

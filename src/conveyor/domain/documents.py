@@ -129,10 +129,26 @@ class BoundedLoader(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
-            if key in seen:
-                raise DocumentError(f"duplicate key {key!r} at line {line} (first at line {seen[key]})")
-            seen[key] = line
+            # Twice as a Python key (1 and true: one dict entry) or as the JSON key it is
+            # stored as (1 and "1"): either way the last would silently win.
+            first = seen.get(key) or seen.get((_JSON_KEY, _json_key(key)))
+            if first is not None:
+                raise DocumentError(f"duplicate key {key!r} at line {line} (first at line {first})")
+            seen[key] = seen[(_JSON_KEY, _json_key(key))] = line
         return node
+
+
+_JSON_KEY = object()  # tags the JSON spelling of a key in ``seen``, apart from the keys themselves
+
+
+def _json_key(key: Any) -> str:
+    """The key ``key`` becomes in the JSON a document is stored as (``1`` and ``"1"``
+    become one)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)  # as json.dumps writes a key: 1 -> "1", True -> "true"
+    return str(key)  # a date: as the readers turn it into text (default=str)
 
 
 def load_yaml(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Any:

@@ -26,6 +26,7 @@ from conveyor import failpoints
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import ERROR_LIMIT, clean_text
+from conveyor.store.db import RECONNECT_INTERVAL
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun
 from conveyor.worker.instrument import observe_result
@@ -73,8 +74,19 @@ class Refill(Protocol):
 
 
 class ResultWriter:
-    def __init__(self, pool: AsyncConnectionPool[Any], worker: str, refill: Refill | None = None) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        worker: str,
+        refill: Refill | None = None,
+        retry_max: float = RECONNECT_INTERVAL,
+    ) -> None:
         self._pool = pool
+        # The longest wait between two tries of a write (database.reconnect_interval): a
+        # result finished in an outage is written within about this long of the server's
+        # return. Each try already waits up to database.pool_timeout inside the pool while
+        # it has no connection, so a short wait here does not spin.
+        self._retry_max = retry_max
         self._worker = worker
         self._refill = refill
         self.worker_id: int | None = None
@@ -150,7 +162,7 @@ class ResultWriter:
                       error=clean_text(str(exc), ERROR_LIMIT))  # fmt: skip
 
     async def _write(self, batch: list[Finished], claim: bool = False) -> None:
-        delay = 0.1
+        delay = min(0.1, self._retry_max)
         ids = [f.execution_id for f in batch]
         params = {
             "ids": ids,
@@ -193,7 +205,7 @@ class ResultWriter:
                     raise  # refused data (or a statement over a server limit), or cancelled
                 log.warning("cannot record results; retrying", error=str(exc).strip(), retry_in=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, self._retry_max)
                 continue
             if refill is not None:
                 refill.claimed(claimed, limit)

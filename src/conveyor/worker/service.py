@@ -89,7 +89,7 @@ class WorkerService(Releasing):
         self._runs = Runs()
         self._ran = Ran()  # what this process started: a forgotten result is told from an unknown claim
         self._tasks: asyncio.TaskGroup | None = None  # supervises every task of run()
-        self._results = ResultWriter(pool, self.name, refill=self)
+        self._results = ResultWriter(pool, self.name, refill=self, retry_max=settings.database.reconnect_interval)
         self._output = OutputWriter(pool, self.name, limit=self.cfg.output_limit, interval=self.cfg.output_interval)
         # A claim failed with the connection: it may have committed all the same.
         self._claim_in_doubt = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from conveyor.workflows import _expr_jinja, _expr_yaql
@@ -152,17 +152,20 @@ def _refuse_unterminated(text: str, tokens: list[re.Match[str]]) -> None:
 def syntax_errors(value: Any) -> list[str]:
     """The syntax errors of every expression in ``value`` (walked like :func:`evaluate`),
     found by parsing only: nothing is evaluated. Empty when all parse."""
-    errors: list[str] = []
+    return [error for text in _expressions(value) for error in _string_errors(text)]
+
+
+def _expressions(value: Any) -> Iterator[str]:
+    """Every string in ``value`` that holds an expression, walked like :func:`evaluate`."""
     if isinstance(value, str):
         if has_expression(value):
-            errors.extend(_string_errors(value))
+            yield value
     elif isinstance(value, Mapping):
         for v in value.values():
-            errors.extend(syntax_errors(v))
+            yield from _expressions(v)
     elif isinstance(value, list | tuple):
         for v in value:
-            errors.extend(syntax_errors(v))
-    return errors
+            yield from _expressions(v)
 
 
 def _string_errors(text: str) -> list[str]:
@@ -190,17 +193,7 @@ def unknown_functions(value: Any) -> list[str]:
     """For every expression in ``value`` (walked like :func:`evaluate`) that parses and calls
     a function, filter or test that does not exist: ``'<% sum2(x) %>': unknown function
     sum2()``. Registration refuses these: at run time they would fail the workflow."""
-    found: list[str] = []
-    if isinstance(value, str):
-        if has_expression(value) and not _string_errors(value):
-            found.extend(_string_unknown(value))
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            found.extend(unknown_functions(v))
-    elif isinstance(value, list | tuple):
-        for v in value:
-            found.extend(unknown_functions(v))
-    return found
+    return [name for text in _expressions(value) if not _string_errors(text) for name in _string_unknown(text)]
 
 
 def _string_unknown(text: str) -> list[str]:
