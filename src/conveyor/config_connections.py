@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from conveyor.config_keys import mask_secrets, split_urls
 
+# database.verb_retries's default, also the SDK client's when it is made without settings.
+VERB_RETRIES = 3
+
 
 class Section(BaseModel):
     """A section of the settings: an unknown key in it is an error, not ignored."""
@@ -38,6 +41,13 @@ class DatabaseSettings(Section):
         le=300,
         description="how long a pass of the executor or worker waits for a connection from the pool before it "
         "gives up, logs it and tries again (the API waits api.database_timeout)",
+    )
+    verb_retries: int = Field(
+        VERB_RETRIES,
+        ge=0,
+        le=20,
+        description="how many more times a cancel (API, CLI, SDK) runs when the database rolled it back to break "
+        "a deadlock or a serialization failure, before its caller sees the error (the API answers 503)",
     )
     direct_url: str | None = Field(
         None,

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from conveyor import verbs
+from conveyor.config_connections import VERB_RETRIES
 from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
@@ -177,15 +178,23 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need
     ``responder=``). ``document_limits``: the bounds on the YAML and JSON documents it
-    reads (the ``documents`` settings; the CLI passes its own)."""
+    reads (the ``documents`` settings; the CLI passes its own). ``verb_retries``: how many
+    more times a cancel runs when the database rolled it back (``database.verb_retries``)."""
 
     def __init__(
-        self, url: str, schema: str = "conveyor", *, user: str | None = None, document_limits: Limits = DEFAULT_LIMITS
+        self,
+        url: str,
+        schema: str = "conveyor",
+        *,
+        user: str | None = None,
+        document_limits: Limits = DEFAULT_LIMITS,
+        verb_retries: int = VERB_RETRIES,
     ) -> None:
         self.url = url
         self.schema = schema
         self.user = user
         self.document_limits = document_limits
+        self.verb_retries = verb_retries
         self.conn = connect_sync(url, schema, application_name="conveyor-client", autocommit=True)
 
     def close(self) -> None:
@@ -305,14 +314,18 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
         or ``canceling`` while its worker stops it (then ``cancelled``). A finished one
         raises ConflictError. A running workflow is ``canceling`` until its children
         settle: ``policy`` ``allow_finish`` (the default) lets them finish,
-        ``cancel_running`` cancels them."""
-        if policy is None:
-            row = self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
-        else:
-            with verbs.refusals():
-                params = {"id": execution_id, "by": by, "policy": policy}
-                row = self.conn.execute(Q["cancel_workflow"], params).fetchone()
-        return verbs.cancelled(execution_id, row)
+        ``cancel_running`` cancels them. A deadlock with the executor is retried
+        (``verb_retries``)."""
+
+        def attempt() -> dict[str, Any] | None:
+            with self.conn.transaction():
+                if policy is None:
+                    return self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
+                with verbs.refusals():
+                    params = {"id": execution_id, "by": by, "policy": policy}
+                    return self.conn.execute(Q["cancel_workflow"], params).fetchone()
+
+        return verbs.cancelled(execution_id, verbs.retried(attempt, self.verb_retries, "cancel"))
 
     # -- inquiries (see docs/inquiries.md) -------------------------------------------------
 

@@ -15,14 +15,15 @@ is then one ``execute`` plus these functions, sync or async alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 import jsonschema_rs
 import psycopg
+import structlog
 
 from conveyor.actions.registry import AdmissionPolicy
 from conveyor.domain import inquiries as inq
@@ -40,8 +41,12 @@ from conveyor.domain.errors import (
     UnknownActionError,
 )
 from conveyor.domain.storable import storable_problems, unstorable
+from conveyor.store.db import rolled_back
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -198,6 +203,46 @@ def cancelled(execution_id: int, row: Mapping[str, Any] | None) -> str:
     if row["now"] is None:
         raise ConflictError(f"execution {execution_id} is {row['was']}: nothing to cancel")
     return str(row["now"])
+
+
+# -- rolled back by the database --------------------------------------------------------
+# A verb's transaction that PostgreSQL rolled back to break a deadlock (40P01) or a
+# serialization failure (40001) did nothing, and running it again is the cure: the other
+# side went on once this one was aborted. Lock order keeps these rare (migration 0033 for
+# the cancel); what it cannot exclude is retried here, once for every caller, so that a
+# user's verb does not fail on a race with the executor. No pause between attempts: the
+# next one queues behind the winner's locks. Past ``retries`` the error goes to the caller
+# (the API answers 503, the CLI one line).
+
+
+def retried(attempt: Callable[[], T], retries: int, verb: str) -> T:
+    """``attempt`` (one whole transaction) run again, up to ``retries`` more times, while
+    the database rolls it back (deadlock, serialization failure)."""
+    for n in range(retries + 1):
+        try:
+            return attempt()
+        except psycopg.OperationalError as exc:
+            if not rolled_back(exc) or n == retries:
+                raise
+            _log_retry(verb, exc, n + 1, retries)
+    raise AssertionError("unreachable")  # pragma: no cover (the loop returns or raises)
+
+
+async def retried_async(attempt: Callable[[], Awaitable[T]], retries: int, verb: str) -> T:
+    """:func:`retried` for an async caller."""
+    for n in range(retries + 1):
+        try:
+            return await attempt()
+        except psycopg.OperationalError as exc:
+            if not rolled_back(exc) or n == retries:
+                raise
+            _log_retry(verb, exc, n + 1, retries)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _log_retry(verb: str, exc: psycopg.Error, retry: int, retries: int) -> None:
+    log.info("verb rolled back by the database (deadlock or serialization failure); running it again",
+             verb=verb, sqlstate=exc.sqlstate, retry=retry, retries=retries)  # fmt: skip
 
 
 # -- workers ----------------------------------------------------------------------------

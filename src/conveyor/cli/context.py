@@ -52,6 +52,7 @@ class State:
             settings.database.schema_name,
             user=cli_user(),
             document_limits=settings.documents.limits(),
+            verb_retries=settings.database.verb_retries,
         )
 
 

@@ -31,7 +31,7 @@ from conveyor.cli import (
 )
 from conveyor.cli.context import MISSING_SCHEMA, console, err_console, line, schema_problem, state
 from conveyor.domain.errors import ConveyorError
-from conveyor.store.db import pooler_hint
+from conveyor.store.db import pooler_hint, rolled_back
 
 app = typer.Typer(
     name="conveyor",
@@ -101,6 +101,9 @@ def _user_facing(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, MISSING_SCHEMA):
         return schema_problem()
+    if isinstance(exc, psycopg.OperationalError) and rolled_back(exc):  # the database is up: not an outage
+        why = exc.diag.message_primary or exc.sqlstate
+        return f"the database rolled this back ({why}); nothing was done: run it again"
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}"
     if isinstance(exc, psycopg.DataError):

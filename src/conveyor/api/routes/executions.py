@@ -274,12 +274,15 @@ async def cancel(execution_id: int, ctx: Ctx, principal: Operator, body: CancelI
     them, ``allow_finish`` (the default) lets them finish."""
     eid = valid_id(execution_id)
     policy = body.policy if body else None
-    async with ctx.pool.connection() as conn:
-        if policy is None:
-            row = await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
-        else:
+
+    async def attempt() -> Any:  # one statement, one transaction: retried whole on a deadlock
+        async with ctx.pool.connection() as conn:
+            if policy is None:
+                return await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
             params = {"id": eid, "by": principal.name, "policy": policy}
-            row = await (await conn.execute(Q["cancel_workflow"], params)).fetchone()
+            return await (await conn.execute(Q["cancel_workflow"], params)).fetchone()
+
+    row = await verbs.retried_async(attempt, ctx.settings.database.verb_retries, "cancel")
     return {"id": eid, "status": verbs.cancelled(eid, row)}
 
 

@@ -363,8 +363,10 @@ CREATE FUNCTION conveyor.cancel_descendants(p_id bigint, p_policy text) RETURNS 
 DECLARE
     known integer := 0;
     found bigint[];
+    held bigint[] := '{}';
     canceling bigint[];
     cancelled bigint[];
+    unlocked bigint;
     total integer := 0;
 BEGIN
     LOOP
@@ -379,12 +381,23 @@ BEGIN
             FOR KEY SHARE OF w
         )
         SELECT coalesce(array_agg(rows.id), '{}') INTO found FROM rows;
+        -- Every state row locked so far (the locks stay until commit).
+        SELECT coalesce(array_agg(DISTINCT h.id), '{}') INTO held FROM unnest(held || found) AS h(id);
 
         WITH RECURSIVE tree AS (
-            SELECT c.id, c.status FROM execution c WHERE c.parent = p_id
+            SELECT c.id, c.status, w.id AS wid, NULL::bigint AS pwid
+            FROM execution c LEFT JOIN workflow_execution w ON w.execution = c.id
+            WHERE c.parent = p_id
             UNION ALL
-            SELECT c.id, c.status FROM tree t JOIN execution c ON c.parent = t.id
+            SELECT c.id, c.status, w.id, t.wid
+            FROM tree t JOIN execution c ON c.parent = t.id LEFT JOIN workflow_execution w ON w.execution = c.id
             WHERE t.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+        ), locked AS (
+            SELECT h.id FROM unnest(held) AS h(id)
+        ), ready AS (
+            SELECT t.id FROM tree t
+            WHERE (t.wid IS NULL OR t.wid IN (SELECT locked.id FROM locked))
+              AND (t.pwid IS NULL OR t.pwid IN (SELECT locked.id FROM locked))
         ), moved AS (
             -- Guarded on the row's own status (not the walk's): a row a scheduler or
             -- start_workflows changed meanwhile is re-read and judged as it is now.
@@ -397,8 +410,8 @@ BEGIN
                               ELSE jsonb_build_object('succeeded', false,
                                                       'error', 'cancelled by workflow execution ' || e.parent,
                                                       'failed_by', 'api') END
-            FROM tree
-            WHERE e.id = tree.id
+            FROM ready
+            WHERE e.id = ready.id
               AND (e.status IN ('requested', 'scheduling', 'scheduled', 'pending')
                    OR (e.status IN ('running', 'paused')
                        AND (p_policy = 'cancel_running'
@@ -407,8 +420,9 @@ BEGIN
             RETURNING e.id, e.status
         )
         SELECT array_agg(moved.id) FILTER (WHERE moved.status = 'canceling'),
-               array_agg(moved.id) FILTER (WHERE moved.status = 'cancelled')
-        INTO canceling, cancelled FROM moved;
+               array_agg(moved.id) FILTER (WHERE moved.status = 'cancelled'),
+               (SELECT count(*) FROM tree t WHERE t.wid IS NOT NULL AND t.wid NOT IN (SELECT locked.id FROM locked))
+        INTO canceling, cancelled, unlocked FROM moved;
 
         IF cancelled IS NOT NULL THEN
             -- As cancel_execution: a dispatched attempt ends cancelled, a pending inquiry too.
@@ -434,8 +448,10 @@ BEGIN
         ORDER BY w.id;
 
         total := total + coalesce(cardinality(canceling), 0) + coalesce(cardinality(cancelled), 0);
-        -- The rows locked stay (KEY SHARE forbids their deletion): the same count is the same set.
-        EXIT WHEN canceling IS NULL AND cancelled IS NULL AND cardinality(found) = known;
+        -- The rows locked stay (KEY SHARE forbids their deletion): the same count is the same
+        -- set. A state row seen but not yet locked makes another round (it is locked there).
+        EXIT WHEN canceling IS NULL AND cancelled IS NULL AND coalesce(unlocked, 0) = 0
+                  AND cardinality(found) = known;
         known := cardinality(found);
     END LOOP;
     RETURN total;
@@ -448,6 +464,8 @@ CREATE FUNCTION conveyor.cancel_execution(p_id bigint, p_by text) RETURNS TABLE(
     AS $$
 #variable_conflict use_column
 BEGIN
+    -- (0033) A workflow's state row before its execution row: the advancement's order.
+    PERFORM 1 FROM workflow_execution w WHERE w.execution = p_id FOR KEY SHARE;
     -- NO KEY UPDATE: see 0008 (a promotion's key-share lock on this row).
     PERFORM 1 FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -508,11 +526,13 @@ BEGIN
         RAISE EXCEPTION 'unknown cancel policy % (allow_finish or cancel_running)', quote_literal(p_policy)
             USING ERRCODE = 'CVA02';
     END IF;
+    -- (0033) The state row before the execution row, as the advancement takes them; KEY
+    -- SHARE waits for an advancement in flight (FOR UPDATE) and makes the next one wait.
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id FOR KEY SHARE;
     SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
     IF wf_id IS NULL OR current NOT IN ('running', 'paused', 'canceling') THEN
         RETURN QUERY SELECT * FROM cancel_execution(p_id, p_by);
         RETURN;
