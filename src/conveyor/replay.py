@@ -56,21 +56,24 @@ class Outcome:
 async def replay_one(
     conn: psycopg.AsyncConnection[Row], dead_letter_id: int, *, by: str, skip_replayed: bool
 ) -> Outcome:
-    """Inside ``conn``'s transaction: lock the letter, publish it again through the
-    transport in use (``replay_message``: a NOTIFY, or an outbox row for the relay), mark
-    it replayed."""
-    row = await (await conn.execute(Q["lock_dead_letter"], {"id": dead_letter_id})).fetchone()
+    """Inside ``conn``'s transaction: check the letter with the consumers' rules, then
+    ``replay_dead_letter`` (migration 0035) locks it, publishes it again through the
+    transport in use (a NOTIFY, or an outbox row for the relay) and marks it replayed."""
+    row = await (await conn.execute(Q["get_dead_letter"], {"id": dead_letter_id})).fetchone()
     if row is None:
         return Outcome(dead_letter_id, error=f"no dead letter with id {dead_letter_id}")
     if skip_replayed and row["resolution"] == Resolution.REPLAYED:
         return Outcome(dead_letter_id, skipped="replayed meanwhile by someone else")
     try:
+        # The body and routing key of a letter never change: checked on the row as read.
         routing_key, message_type, inner = replayable(row)
     except NotReplayableError as exc:
         return Outcome(dead_letter_id, error=f"dead letter {dead_letter_id} cannot be replayed: {exc}")
-    params = {"routing_key": routing_key, "message_type": message_type, "payload": Jsonb(inner)}
-    sent = await (await conn.execute(Q["replay_message"], params)).fetchone()
-    previous = row["resolution"] or Resolution.PENDING
-    detail = f"published again to {routing_key} on the {sent['transport'] if sent else '?'} transport; was {previous}"
-    await conn.execute(Q["mark_replayed"], {"id": dead_letter_id, "by": by, "detail": detail})
+    params = {"id": dead_letter_id, "by": by, "skip_replayed": skip_replayed, "routing_key": routing_key,
+              "message_type": message_type, "payload": Jsonb(inner)}  # fmt: skip
+    done = await (await conn.execute(Q["replay_dead_letter"], params)).fetchone()
+    if done is None or done["outcome"] == "missing":  # purged between the read and the lock
+        return Outcome(dead_letter_id, error=f"no dead letter with id {dead_letter_id}")
+    if done["outcome"] == "skipped":
+        return Outcome(dead_letter_id, skipped="replayed meanwhile by someone else")
     return Outcome(dead_letter_id, routing_key=routing_key)

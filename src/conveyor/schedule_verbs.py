@@ -125,6 +125,22 @@ def patched(row: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any
     return fields
 
 
+# A PATCH's fields as patch_schedule's columns: the timing (cron, every, at and the kind
+# they make) is one, so naming any of them replaces the four.
+_COLUMNS = {"cron": ("kind", "cron", "every", "at"), "every": ("kind", "cron", "every", "at"),
+            "at": ("kind", "cron", "every", "at"), "action": ("action_ref",)}  # fmt: skip
+
+
+def patch_params(name: str, row: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked arguments of ``patch_schedule``: the changes merged into the stored row
+    are checked as a whole (create_params), then only the columns changed are named, so
+    the function, which locks the row, keeps what a concurrent PATCH changed meanwhile."""
+    params = create_params(name, patched(row, changes), replace=True)
+    del params["replace"]
+    fields = {c for k in changes for c in _COLUMNS.get(k, (k,))}
+    return {**params, "fields": sorted(fields)}
+
+
 def next_fire_times(row: Mapping[str, Any], count: int) -> list[datetime]:
     """The next ``count`` slots of a stored schedule from the database's now (``row['now']``)."""
     spec = sch.Spec.from_row(row)

@@ -1,6 +1,6 @@
 """The SDK's schedule methods (part of :class:`conveyor.sdk.Client`; docs/schedules.md).
 Each change is one SQL function (``create_schedule``, ``pause_schedule``,
-``resume_schedule``, ``delete_schedule``, ``fire_schedule``, ``backfill_schedule``); the
+``resume_schedule``, ``delete_schedule``, ``patch_schedule``, ``fire_schedule``, ``backfill_schedule``); the
 checks around it are shared with the API (schedule_verbs.py).
 
     with Client(url) as client:
@@ -39,11 +39,10 @@ class ScheduleMethods:
 
     def update_schedule(self, name: str, **changes: Any) -> dict[str, Any]:
         """Change some fields of a schedule (one of cron/every/at replaces the others)."""
-        with self.conn.transaction():
-            row = self._schedule_row(name)
-            params = sv.create_params(name, sv.patched(row, changes), replace=True)
-            with verbs.refusals(action_ref=changes.get("action") or row["action_ref"] or ""):
-                self.conn.execute(Q["create_schedule"], params).fetchone()
+        row = self._schedule_row(name)
+        params = sv.patch_params(name, row, changes)
+        with verbs.refusals(action_ref=changes.get("action") or row["action_ref"] or ""), self.conn.transaction():
+            self.conn.execute(Q["patch_schedule"], params).fetchone()
         return self.schedule(name)
 
     def schedules(self, *, limit: int = 500) -> list[dict[str, Any]]:

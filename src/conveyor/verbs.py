@@ -2,7 +2,7 @@
 
 Each verb is one SQL function in the database (``request_execution``,
 ``request_executions``, ``cancel_execution``, ``cordon_worker``, ``drain_worker``,
-``set_admission_policy``, ``delete_admission_policy``, ``replay_message``,
+``set_admission_policy``, ``delete_admission_policy``, ``replay_dead_letter``,
 ``register_workflow``, ``delete_workflow``, ``pause_execution``, ``resume_execution``,
 ``rerun_execution``, ``cancel_workflow``, ``respond_inquiry``, ``register_trigger``,
 ``delete_trigger``, ``emit_event_once``, ``replay_event``, ``replay_events``); its wake-ups

@@ -64,6 +64,8 @@ def revoke(
     token_id: Annotated[int, typer.Argument(help="Token id (see `tokens list`)")], as_json: bool = JsonResultOption
 ) -> None:
     """Revoke a token: refused by the API within seconds."""
+    if not 1 <= token_id <= 2**62:  # revoke_api_token takes a bigint: none is out of that range
+        raise ConveyorError(f"no live token with id {token_id}")
     with state.client() as client:
         row = client.conn.execute(Q["revoke_token"], {"id": token_id}).fetchone()
         if row is None:

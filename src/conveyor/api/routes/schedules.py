@@ -120,10 +120,16 @@ async def _view(conn: Any, name: str, count: int = 5, slots: int = 20) -> dict[s
 async def _write(ctx: ApiContext, name: str, fields: dict[str, Any], *, replace: bool, patch: bool = False) -> Any:
     async with ctx.pool.connection() as conn, conn.transaction():
         if patch:
-            fields = sv.patched(await _row(conn, name), fields)
-        params = sv.create_params(name, fields, replace=replace)
-        with verbs.refusals(action_ref=fields.get("action") or ""):
-            await conn.execute(Q["create_schedule"], params)
+            # Checked against the row as read; patch_schedule locks it and applies only the
+            # fields given, so a concurrent PATCH of other fields is not lost.
+            row = await _row(conn, name)
+            params = sv.patch_params(name, row, fields)
+            with verbs.refusals(action_ref=fields.get("action") or row["action_ref"] or ""):
+                await conn.execute(Q["patch_schedule"], params)
+        else:
+            params = sv.create_params(name, fields, replace=replace)
+            with verbs.refusals(action_ref=fields.get("action") or ""):
+                await conn.execute(Q["create_schedule"], params)
         return await _view(conn, name)
 
 

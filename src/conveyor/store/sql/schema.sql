@@ -597,6 +597,15 @@ CREATE FUNCTION conveyor.cordon_worker(p_name text, p_cordoned boolean) RETURNS 
     RETURNING w.id, w.name, w.status, w.cordoned
 $$;
 
+CREATE FUNCTION conveyor.create_api_token(p_name text, p_role text, p_hash bytea, p_prefix text) RETURNS TABLE(id bigint, name text, role text, prefix text, created timestamp with time zone)
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    INSERT INTO api_token AS t (name, role, token_hash, prefix)
+    VALUES (p_name, p_role, p_hash, p_prefix)
+    RETURNING t.id, t.name, t.role, t.prefix, t.created
+$$;
+
 CREATE FUNCTION conveyor.create_schedule(name text, kind text, cron text DEFAULT NULL::text, timezone text DEFAULT 'UTC'::text, every interval DEFAULT NULL::interval, at timestamp with time zone DEFAULT NULL::timestamp with time zone, starts timestamp with time zone DEFAULT NULL::timestamp with time zone, ends timestamp with time zone DEFAULT NULL::timestamp with time zone, action_ref text DEFAULT NULL::text, parameters jsonb DEFAULT '{}'::jsonb, catchup text DEFAULT 'latest'::text, catchup_window interval DEFAULT '01:00:00'::interval, overlap text DEFAULT 'allow'::text, description text DEFAULT NULL::text, replace boolean DEFAULT false, OUT schedule_id bigint, OUT created boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1386,6 +1395,46 @@ CREATE FUNCTION conveyor.parameters_refused(refs text[], parameters jsonb) RETUR
     END
 $$;
 
+CREATE FUNCTION conveyor.patch_schedule(p_name text, p_fields text[], p_kind text DEFAULT NULL::text, p_cron text DEFAULT NULL::text, p_timezone text DEFAULT NULL::text, p_every interval DEFAULT NULL::interval, p_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_starts timestamp with time zone DEFAULT NULL::timestamp with time zone, p_ends timestamp with time zone DEFAULT NULL::timestamp with time zone, p_action_ref text DEFAULT NULL::text, p_parameters jsonb DEFAULT NULL::jsonb, p_catchup text DEFAULT NULL::text, p_catchup_window interval DEFAULT NULL::interval, p_overlap text DEFAULT NULL::text, p_description text DEFAULT NULL::text) RETURNS TABLE(schedule_id bigint, created boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+DECLARE
+    cur schedule;
+    unknown text[];
+    timing boolean := p_fields && ARRAY['kind', 'cron', 'every', 'at'];
+BEGIN
+    unknown := ARRAY(SELECT f FROM unnest(p_fields) f
+                     WHERE f <> ALL (ARRAY['kind', 'cron', 'timezone', 'every', 'at', 'starts', 'ends',
+                                           'action_ref', 'parameters', 'catchup', 'catchup_window',
+                                           'overlap', 'description']));
+    IF cardinality(unknown) > 0 THEN
+        RAISE EXCEPTION 'unknown schedule fields: %', array_to_string(unknown, ', ') USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO cur FROM schedule s WHERE s.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM schedule_not_found(p_name);
+    END IF;
+    RETURN QUERY SELECT c.schedule_id, c.created FROM create_schedule(
+        name => p_name,
+        kind => CASE WHEN timing THEN p_kind ELSE cur.kind END,
+        cron => CASE WHEN timing THEN p_cron ELSE cur.cron END,
+        every => CASE WHEN timing THEN p_every ELSE cur.every END,
+        at => CASE WHEN timing THEN p_at ELSE cur.at END,
+        timezone => CASE WHEN 'timezone' = ANY(p_fields) THEN p_timezone ELSE cur.timezone END,
+        starts => CASE WHEN 'starts' = ANY(p_fields) THEN p_starts ELSE cur.starts END,
+        ends => CASE WHEN 'ends' = ANY(p_fields) THEN p_ends ELSE cur.ends END,
+        action_ref => CASE WHEN 'action_ref' = ANY(p_fields) THEN p_action_ref ELSE cur.action_ref END,
+        parameters => CASE WHEN 'parameters' = ANY(p_fields) THEN p_parameters ELSE cur.parameters END,
+        catchup => CASE WHEN 'catchup' = ANY(p_fields) THEN p_catchup ELSE cur.catchup END,
+        catchup_window => CASE WHEN 'catchup_window' = ANY(p_fields) THEN p_catchup_window
+                               ELSE cur.catchup_window END,
+        overlap => CASE WHEN 'overlap' = ANY(p_fields) THEN p_overlap ELSE cur.overlap END,
+        description => CASE WHEN 'description' = ANY(p_fields) THEN p_description ELSE cur.description END,
+        replace => true) c;
+END
+$$;
+
 CREATE FUNCTION conveyor.pause_execution(p_id bigint, p_by text) RETURNS TABLE(id bigint, was text, now text)
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1496,6 +1545,20 @@ BEGIN
     END IF;
     RETURN now() - older_than;
 END
+$$;
+
+CREATE FUNCTION conveyor.purge_dead_letters(p_reason text, p_resolution text, p_execution bigint, p_queue text, p_older_than double precision, p_include_pending boolean) RETURNS TABLE(id bigint)
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    DELETE FROM dead_letter d
+    WHERE (p_reason IS NULL OR d.reason = p_reason)
+      AND (p_resolution IS NULL OR d.resolution IS NOT DISTINCT FROM nullif(p_resolution, 'pending'))
+      AND (p_execution IS NULL OR d.execution = p_execution)
+      AND (p_queue IS NULL OR d.queue = p_queue)
+      AND (p_older_than IS NULL OR d.first_seen < now() - make_interval(secs => p_older_than))
+      AND (coalesce(p_include_pending, false) OR d.resolution IS NOT NULL)
+    RETURNING d.id
 $$;
 
 CREATE FUNCTION conveyor.purge_executions(older_than interval, statuses text[] DEFAULT NULL::text[], batch integer DEFAULT 1000) RETURNS bigint
@@ -1761,6 +1824,34 @@ BEGIN
                                 error = fired.error
     WHERE ss.schedule = s.id AND ss.slot = waiting AND ss.outcome = 'buffered'
     RETURNING ss.*;
+END
+$$;
+
+CREATE FUNCTION conveyor.replay_dead_letter(p_id bigint, p_by text, p_skip_replayed boolean, p_routing_key text, p_message_type text, p_payload jsonb) RETURNS TABLE(outcome text, transport text, detail text)
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    previous text;
+    route text;
+    said text;
+BEGIN
+    SELECT coalesce(d.resolution, 'pending') INTO previous FROM dead_letter d WHERE d.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'missing'::text, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    IF p_skip_replayed AND previous = 'replayed' THEN
+        RETURN QUERY SELECT 'skipped'::text, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    route := replay_message(p_routing_key, p_message_type, p_payload);
+    said := format('published again to %s on the %s transport; was %s', p_routing_key,
+                   coalesce(route, '?'), previous);
+    UPDATE dead_letter d SET resolution = 'replayed', resolved = now(), resolved_by = p_by, detail = said
+    WHERE d.id = p_id;
+    RETURN QUERY SELECT 'replayed'::text, route, said;
 END
 $$;
 
@@ -2167,6 +2258,13 @@ BEGIN
               WHERE s.id = old.id AND old.paused RETURNING s.id)
     SELECT old.id, old.paused FROM old;
 END
+$$;
+
+CREATE FUNCTION conveyor.revoke_api_token(p_id bigint) RETURNS TABLE(id bigint)
+    LANGUAGE sql
+    SET search_path TO 'conveyor'
+    AS $$
+    UPDATE api_token t SET revoked = now() WHERE t.id = p_id AND t.revoked IS NULL RETURNING t.id
 $$;
 
 CREATE FUNCTION conveyor.root_requester(p_execution bigint) RETURNS text

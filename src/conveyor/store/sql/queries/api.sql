@@ -1,7 +1,6 @@
 -- name: create_token
-INSERT INTO api_token (name, role, token_hash, prefix)
-VALUES (%(name)s, %(role)s, %(hash)s, %(prefix)s)
-RETURNING id, name, role, prefix, created;
+-- The SQL function of migration 0035 (the secret is made and shown by the caller).
+SELECT id, name, role, prefix, created FROM create_api_token(%(name)s, %(role)s, %(hash)s, %(prefix)s);
 
 -- name: token_by_hash
 -- The live token with this hash; marks it used (at most once a minute per token).
@@ -17,7 +16,8 @@ SELECT id, name, role FROM found;
 SELECT id, name, role, prefix, created, last_used, revoked FROM api_token ORDER BY id;
 
 -- name: revoke_token
-UPDATE api_token SET revoked = now() WHERE id = %(id)s AND revoked IS NULL RETURNING id;
+-- The SQL function of migration 0035: no row if there is no live token of that id.
+SELECT id FROM revoke_api_token(%(id)s);
 
 -- name: count_admin_tokens
 SELECT count(*)::int AS n FROM api_token WHERE role = 'admin' AND revoked IS NULL;

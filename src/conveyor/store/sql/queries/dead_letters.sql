@@ -65,22 +65,17 @@ LIMIT %(limit)s;
 -- name: get_dead_letter
 SELECT * FROM dead_letter WHERE id = %(id)s;
 
--- name: mark_replayed
-UPDATE dead_letter SET resolution = 'replayed', resolved = now(), resolved_by = %(by)s,
-                       detail = %(detail)s
-WHERE id = %(id)s
-RETURNING id;
+-- name: replay_dead_letter
+-- The SQL function of migration 0035: lock, publish again, mark replayed (outcome
+-- replayed, skipped or missing); what to publish is checked first by conveyor.replay.
+SELECT outcome, transport, detail
+FROM replay_dead_letter(%(id)s, %(by)s, %(skip_replayed)s, %(routing_key)s, %(message_type)s, %(payload)s);
 
 -- name: purge_dead_letters
--- Operator purge with the same filters as the listing (pending ones only when asked).
-DELETE FROM dead_letter
-WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
-  AND (%(resolution)s::text IS NULL OR resolution IS NOT DISTINCT FROM nullif(%(resolution)s, 'pending'))
-  AND (%(execution)s::bigint IS NULL OR execution = %(execution)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(older_than)s::float8 IS NULL OR first_seen < now() - make_interval(secs => %(older_than)s))
-  AND (%(include_pending)s OR resolution IS NOT NULL)
-RETURNING id;
+-- Operator purge with the same filters as the listing (pending ones only when asked):
+-- the SQL function of migration 0035.
+SELECT id FROM purge_dead_letters(%(reason)s::text, %(resolution)s::text, %(execution)s::bigint, %(queue)s::text,
+                                  %(older_than)s::float8, %(include_pending)s::boolean);
 
 -- name: select_dead_letters
 -- What `conveyor dead-letters replay` selects with the listing's filters: oldest first
@@ -94,11 +89,6 @@ WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
   AND (%(include_replayed)s OR resolution IS DISTINCT FROM 'replayed')
 ORDER BY id
 LIMIT %(limit)s;
-
--- name: lock_dead_letter
--- One dead letter, locked until the replaying transaction ends (two replays of the
--- same letter take turns; the second sees it replayed).
-SELECT * FROM dead_letter WHERE id = %(id)s FOR UPDATE;
 
 -- name: count_purgeable_dead_letters
 -- How many rows purge_dead_letters would delete (asked before deleting).

@@ -1,7 +1,3 @@
--- name: replay_message
--- The SQL function of migration 0009: an outbox row on RabbitMQ, a wake-up on PostgreSQL.
-SELECT replay_message(%(routing_key)s, %(message_type)s, %(payload)s) AS transport;
-
 -- name: outbox_claim
 -- The oldest unpublished messages, skipping rows another relay is publishing.
 SELECT id, message_id::text AS message_id, exchange, routing_key, message_type, payload,

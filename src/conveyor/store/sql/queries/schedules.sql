@@ -47,6 +47,16 @@ SELECT * FROM create_schedule(
     parameters => %(parameters)s, catchup => %(catchup)s, catchup_window => %(catchup_window)s,
     overlap => %(overlap)s, description => %(description)s, replace => %(replace)s);
 
+-- name: patch_schedule
+-- The SQL function of migration 0035: the fields named, checked by the caller, applied
+-- to the row locked (a concurrent PATCH of other fields is kept).
+SELECT * FROM patch_schedule(
+    p_name => %(name)s, p_fields => %(fields)s, p_kind => %(kind)s, p_cron => %(cron)s,
+    p_timezone => %(timezone)s, p_every => %(every)s, p_at => %(at)s, p_starts => %(starts)s,
+    p_ends => %(ends)s, p_action_ref => %(action_ref)s, p_parameters => %(parameters)s,
+    p_catchup => %(catchup)s, p_catchup_window => %(catchup_window)s, p_overlap => %(overlap)s,
+    p_description => %(description)s);
+
 -- name: delete_schedule
 SELECT delete_schedule(%(name)s) AS deleted;
 
