@@ -46,8 +46,8 @@ class DatabaseSettings(Section):
         VERB_RETRIES,
         ge=0,
         le=20,
-        description="how many more times a cancel (API, CLI, SDK) runs when the database rolled it back to break "
-        "a deadlock or a serialization failure, before its caller sees the error (the API answers 503)",
+        description="how many more times a cancel, pause or resume (API, CLI, SDK) runs when the database rolled it "
+        "back to break a deadlock or a serialization failure, before its caller sees the error (the API answers 503)",
     )
     direct_url: str | None = Field(
         None,

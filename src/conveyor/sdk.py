@@ -179,7 +179,7 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
     the responder of its answers to inquiries (None: requests name nobody; answers need
     ``responder=``). ``document_limits``: the bounds on the YAML and JSON documents it
     reads (the ``documents`` settings; the CLI passes its own). ``verb_retries``: how many
-    more times a cancel runs when the database rolled it back (``database.verb_retries``)."""
+    more times a cancel, pause or resume runs when the database rolled it back (``database.verb_retries``)."""
 
     def __init__(
         self,

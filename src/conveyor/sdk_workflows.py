@@ -47,6 +47,7 @@ def definition_of(workflow: str | Path | WorkflowSpec | Buildable, ref: str | No
 class WorkflowMethods:
     conn: psycopg.Connection[Any]
     document_limits: Limits
+    verb_retries: int
 
     def register_workflow(
         self, workflow: str | Path | WorkflowSpec | Buildable, *, ref: str | None = None
@@ -98,16 +99,22 @@ class WorkflowMethods:
         )
 
     def pause(self, execution_id: int, *, by: str = "sdk") -> str:
-        """Pause a running workflow: no new task starts; children in flight finish. Returns the new status."""
-        with verbs.refusals():
-            row = self.conn.execute(Q["pause_execution"], {"id": execution_id, "by": by}).fetchone()
+        """Pause a running workflow: no new task starts; children in flight finish. Returns the
+        new status. A deadlock with the executor is retried (``verb_retries``)."""
+        row = self._pause_or_resume("pause", Q["pause_execution"], execution_id, by)
         return verbs.workflow_changed(execution_id, "pause", row)
 
     def resume(self, execution_id: int, *, by: str = "sdk") -> str:
-        """Resume a paused workflow."""
-        with verbs.refusals():
-            row = self.conn.execute(Q["resume_execution"], {"id": execution_id, "by": by}).fetchone()
+        """Resume a paused workflow. A deadlock with the executor is retried (``verb_retries``)."""
+        row = self._pause_or_resume("resume", Q["resume_execution"], execution_id, by)
         return verbs.workflow_changed(execution_id, "resume", row)
+
+    def _pause_or_resume(self, verb: str, query: str, execution_id: int, by: str) -> dict[str, Any] | None:
+        def attempt() -> dict[str, Any] | None:  # one transaction: run again whole when rolled back
+            with self.conn.transaction(), verbs.refusals():
+                return self.conn.execute(query, {"id": execution_id, "by": by}).fetchone()
+
+        return verbs.retried(attempt, self.verb_retries, verb)
 
     def rerun(self, execution_id: int, *, from_failed: bool = True, by: str = "sdk") -> int:
         """Rerun a failed workflow: with ``from_failed`` from its failed tasks, keeping what

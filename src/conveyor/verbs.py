@@ -208,8 +208,8 @@ def cancelled(execution_id: int, row: Mapping[str, Any] | None) -> str:
 # -- rolled back by the database --------------------------------------------------------
 # A verb's transaction that PostgreSQL rolled back to break a deadlock (40P01) or a
 # serialization failure (40001) did nothing, and running it again is the cure: the other
-# side went on once this one was aborted. Lock order keeps these rare (migration 0033 for
-# the cancel); what it cannot exclude is retried here, once for every caller, so that a
+# side went on once this one was aborted. Lock order keeps these rare (migration 0034 for
+# the cancel, 0036 for pause and resume); what it cannot exclude is retried here, once for every caller, so that a
 # user's verb does not fail on a race with the executor. No pause between attempts: the
 # next one queues behind the winner's locks. Past ``retries`` the error goes to the caller
 # (the API answers 503, the CLI one line).

@@ -54,7 +54,7 @@ class Call(threading.Thread):
         self.join(30)
         assert not self.is_alive()
         self.conn.close()
-        assert self.error is None, f"the cancel failed: {self.error!r}"
+        assert self.error is None, f"the verb failed: {self.error!r}"
         return self.row
 
 

@@ -1444,11 +1444,12 @@ DECLARE
     wf_id bigint;
     current text;
 BEGIN
+    -- (0036) The state row before the execution row: the advancement's order.
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id FOR KEY SHARE;
     SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
     IF wf_id IS NULL OR current <> 'running' THEN
         RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'paused' THEN current END;
         RETURN;
@@ -2231,11 +2232,12 @@ DECLARE
     wf_id bigint;
     current text;
 BEGIN
+    -- (0036) The state row before the execution row: the advancement's order.
+    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id FOR KEY SHARE;
     SELECT e.status INTO current FROM execution e WHERE e.id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT w.id INTO wf_id FROM workflow_execution w WHERE w.execution = p_id;
     IF wf_id IS NULL OR current <> 'paused' THEN
         RETURN QUERY SELECT p_id, current, CASE WHEN wf_id IS NOT NULL AND current = 'running' THEN current END;
         RETURN;
