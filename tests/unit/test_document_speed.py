@@ -8,6 +8,7 @@ second. The figures are printed (``-s``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,15 @@ import pytest
 import yaml
 
 from conveyor.domain import documents
-from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, PureBoundedLoader, load_yaml
+from conveyor.domain.documents import (
+    DEFAULT_LIMITS,
+    DocumentError,
+    Limits,
+    PureBoundedLoader,
+    check,
+    load_json,
+    load_yaml,
+)
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.problems import WorkflowError
 
@@ -125,3 +134,18 @@ def test_what_libyaml_cannot_take_is_read_as_before() -> None:
         load_yaml("a: \ud800")
     with pytest.raises(WorkflowError, match="YAML syntax error: unacceptable character #xd800"):
         parse_workflow("ref: a.b\ndescription: \ud800\n")
+
+
+def test_keys_count_as_values_in_json_as_in_yaml() -> None:
+    """docs/configuration.md: keys count as values. 600 keys and their 600 values and the
+    object: 1,201 values, past a bound of 1,000 whichever way it is written (JSON counted
+    601 before: the keys only toward max_bytes)."""
+    document = {f"k{n}": n for n in range(600)}
+    limits = Limits(max_nodes=1000)
+    for read in (load_json, load_yaml):
+        with pytest.raises(DocumentError, match=r"more than 1000 nodes"):
+            read(json.dumps(document), limits)
+    with pytest.raises(DocumentError, match=r"more than 1000 nodes"):
+        check(document, limits)
+    smaller = {f"k{n}": n for n in range(499)}  # 999 values
+    assert load_json(json.dumps(smaller), limits) == load_yaml(json.dumps(smaller), limits) == smaller

@@ -274,6 +274,9 @@ def check(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
             size += len(item)
         elif isinstance(item, dict):
             size += sum(len(k) for k in item if isinstance(k, str))
+            nodes += len(item)  # a key is a value, as a YAML mapping's key is a node
+            if nodes > limits.max_nodes:
+                raise _over("nodes", limits.max_nodes, "max_nodes")
         if size > limits.max_bytes:
             raise _over("characters of text", limits.max_bytes, "max_bytes")
         stack.extend((child, depth + 1) for child in _children(item))
