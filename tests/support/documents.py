@@ -12,3 +12,9 @@ def bomb(levels: int = 7, width: int = 9) -> str:
         lines.append(f"  - l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * width) + "]")
     lines += ["tasks:", "  a:", "    action: core.noop"]
     return "\n".join(lines) + "\n"
+
+
+def written_out(values: int) -> str:
+    """A flow list of ``values`` ones, with no alias: two bytes a value, every one of them
+    parsed before a bound can refuse the document."""
+    return "[" + ",".join(["1"] * values) + "]"

@@ -23,7 +23,7 @@ uq_execution_enforcement are the backstops.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -32,9 +32,11 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints, metrics
+from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
+from conveyor.domain.documents import Limits as DocumentLimits
 from conveyor.rules.criteria import Criterion
 from conveyor.rules.parse import criteria_of
-from conveyor.rules.render import Decision, EventRow, RuleRow, decide
+from conveyor.rules.render import LIMITS, Decision, EventRow, RuleRow, decide
 from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 
@@ -48,7 +50,11 @@ class PassResult:
 
 
 class Enforcer:
-    def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 100) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], *, batch_size: int = 100, documents: DocumentLimits = DEFAULT_DOCUMENTS
+    ) -> None:
+        # from_json_string() and the like in a rule's parameters read within documents.*.
+        self._limits = replace(LIMITS, documents=documents)
         self._pool = pool
         self._batch_size = batch_size
         # Parsed criteria by (rule id, updated): a rule's criteria change only with updated.
@@ -126,7 +132,7 @@ class Enforcer:
         decisions = []
         for r in row["rules"]:
             rule = RuleRow(r["id"], r["ref"], r["criteria"], r["action_ref"], r["parameters"], r["enabled"])
-            decision = decide(rule, event, self._tree(r))
+            decision = decide(rule, event, self._tree(r), self._limits)
             if decision is not None:
                 decisions.append(decision)
         return decisions

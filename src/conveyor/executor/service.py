@@ -60,7 +60,8 @@ class ExecutorService:
         )
         self._recovery = Recovery(pool, settings)
         self._retention = Retention(pool, settings.retention)
-        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size, bounds=settings.workflow)
+        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size, bounds=settings.workflow,
+                                  documents=settings.documents.limits())  # fmt: skip
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
             transport.handle_dead_letters(self._dead_letters)
@@ -76,7 +77,7 @@ class ExecutorService:
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
-        self._enforcer = Enforcer(pool, batch_size=settings.events.batch_size)
+        self._enforcer = Enforcer(pool, batch_size=settings.events.batch_size, documents=settings.documents.limits())
         self._event_bell = transport.subscribe(Topic.EVENT)
         # Schedules: a change may bring the next slot sooner.
         self._firer = Firer(pool, batch_size=settings.schedules.batch_size)

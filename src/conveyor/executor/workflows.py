@@ -21,6 +21,7 @@ advanced one by one, so that only the broken one fails.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor import failpoints
 from conveyor.config_workflow import WorkflowBounds
+from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
+from conveyor.domain.documents import Limits as DocumentLimits
 from conveyor.executor.workflow_rows import (
     TERMINAL,
     Charges,
@@ -47,6 +50,7 @@ from conveyor.executor.workflow_rows import (
 from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
+from conveyor.workflows.expressions import Limits as ExpressionLimits
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import CancelRequested, Event, Step, WorkflowState
 
@@ -67,11 +71,13 @@ class PassResult:
 
 class Advancer:
     def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None,
-                 bounds: WorkflowBounds | None = None) -> None:  # fmt: skip
+                 bounds: WorkflowBounds | None = None, documents: DocumentLimits | None = None) -> None:  # fmt: skip
         self._pool = pool
         self._batch_size = batch_size
         self._bounds = bounds or WorkflowBounds.model_validate({})
-        self._decide: Decide = decide or advance  # tests script decisions
+        # Expressions' from_json_string() and the like read within the documents.* settings.
+        limits = ExpressionLimits(documents=documents or DEFAULT_DOCUMENTS)
+        self._decide: Decide = decide or functools.partial(advance, limits=limits)  # tests script decisions
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}  # definitions are immutable
         self._actions: set[str] = set()  # action refs known to exist
         self._cache = RowCache()

@@ -21,10 +21,12 @@ from conveyor.workflows.expressions import ExpressionError, Limits, Scope, evalu
 LIMITS: Final = Limits(seconds=1.0, max_bytes=1 << 20)
 
 
-def render(parameters: Mapping[str, Any], payload: Any, event: Mapping[str, Any]) -> dict[str, Any]:
+def render(
+    parameters: Mapping[str, Any], payload: Any, event: Mapping[str, Any], limits: Limits = LIMITS
+) -> dict[str, Any]:
     """The parameters with their templates evaluated; raises ExpressionError."""
     scope = Scope(ctx={"trigger": payload, "event": dict(event)}, jinja_names=True)
-    value = evaluate(dict(parameters), scope, LIMITS)
+    value = evaluate(dict(parameters), scope, limits)
     if not isinstance(value, dict):  # pragma: no cover - evaluate keeps a mapping a mapping
         raise ExpressionError("parameters", "did not render to an object")
     return value
@@ -72,7 +74,7 @@ class Decision:
                 "action_ref": self.action_ref, "parameters": self.parameters, "error": self.error}  # fmt: skip
 
 
-def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None) -> Decision | None:
+def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None, limits: Limits = LIMITS) -> Decision | None:
     """None: the criteria do not match (nothing is recorded). Otherwise the enforcement to
     write: rule_disabled, template_error (with the message) or requested (the rendered
     parameters). Pure: reads nothing but its arguments, raises nothing."""
@@ -86,7 +88,7 @@ def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None) -> Dec
         return Decision(event.id, rule.id, rule.ref, "rule_disabled", rule.action_ref)
     meta = {"id": event.id, "trigger": event.trigger, "source": event.source, "received": event.received}
     try:
-        parameters = render(rule.parameters, event.payload, meta)
+        parameters = render(rule.parameters, event.payload, meta, limits)
     except ExpressionError as exc:
         return Decision(event.id, rule.id, rule.ref, "template_error", rule.action_ref, None, _text(str(exc)))
     if _has_nul(parameters):  # jsonb cannot hold NUL: refused here, not by the batch's write

@@ -15,12 +15,13 @@ import posixpath
 import time
 from collections.abc import Mapping, Sequence, Set
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import yaml
 
-from conveyor.domain.documents import BoundedLoader, DocumentError, load_json
+from conveyor.domain import documents
+from conveyor.domain.documents import DocumentError, load_json, load_yaml
 
 
 class _Missing:
@@ -99,6 +100,9 @@ class Limits:
 
     seconds: float = 5.0
     max_bytes: int = 1 << 20
+    # ``from_json_string``, ``json``, ``from_yaml_string``: the bounds of every document a
+    # user sends (settings ``documents.*``; the executor passes its own).
+    documents: documents.Limits = documents.DEFAULT_LIMITS
 
 
 DEFAULT_LIMITS: Final = Limits()
@@ -215,7 +219,7 @@ def _json_text(text: str) -> Any:
     """JSON from a value an expression holds (an action's output, ...): the bounds and the
     strictness of every document a user sends (conveyor.domain.documents)."""
     try:
-        return load_json(text)
+        return load_json(text, current().limits.documents)
     except DocumentError as exc:
         raise Refused(str(exc)) from None
 
@@ -253,23 +257,17 @@ def fn_json(text: Any) -> Any:
     return _json_text(text)
 
 
-class _NoAliases(BoundedLoader):
-    """Safe YAML without aliases: ``*a`` shares a node, so nine nested lists of nine
-    aliases are a few bytes of text and billions of items once turned into JSON. Bounded
-    in depth and size, no key twice, as every document a user sends."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise Refused("YAML aliases (*name) are not allowed in expressions")
-        return super().compose_node(parent, index)
-
-
 def fn_from_yaml_string(text: str) -> Any:
-    if len(text) > current().limits.max_bytes:
+    """Safe YAML (no Python objects) within the ``documents`` bounds, and without aliases:
+    a value an expression reads is data, and ``*a`` is how a few bytes become a large one."""
+    limits = current().limits
+    if len(text) > limits.max_bytes:
         raise Refused("the YAML text is larger than the size limit")
     try:
-        return yaml.load(text, Loader=_NoAliases)  # a SafeLoader subclass: no Python objects
+        return load_yaml(text, replace(limits.documents, max_aliases=0))
     except DocumentError as exc:
+        if exc.setting == "max_aliases":
+            raise Refused("YAML aliases (*name) are not allowed in expressions") from None
         raise Refused(str(exc)) from None
 
 

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
+from conveyor.workflows.expressions import DEFAULT_LIMITS, ExpressionError, Limits, Scope, evaluate
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     Dispatch,
@@ -42,8 +42,9 @@ class Tally:
 
 
 class Working:
-    def __init__(self, spec: WorkflowSpec, state: WorkflowState) -> None:
+    def __init__(self, spec: WorkflowSpec, state: WorkflowState, limits: Limits = DEFAULT_LIMITS) -> None:
         self.spec = spec
+        self.limits = limits  # of each evaluate(): time, size, and documents.* for from_json_string()
         self.state = state
         self.status: WorkflowStatus = state.status
         self.context: dict[str, Any] = dict(state.context)
@@ -168,7 +169,7 @@ class Working:
         exception out: a definition that fails at run time fails its workflow, it does not
         crash-loop the executor."""
         try:
-            return evaluate(value, scope)
+            return evaluate(value, scope, self.limits)
         except ExpressionError as e:
             self.fail(task, f"{where}: {e.message}", expression=e.expression, where=where)
         except Exception as e:  # an evaluator defect fails this workflow only, never the executor

@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.workflows._flow import RETRIED, Flow, retry_delay
 from conveyor.workflows._working import TERMINAL, Stop
 from conveyor.workflows.childresult import child_value
-from conveyor.workflows.expressions import Scope, item_vars
+from conveyor.workflows.expressions import DEFAULT_LIMITS, Limits, Scope, item_vars
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     CancelRequested,
@@ -44,9 +44,10 @@ from conveyor.workflows.state import (
 __all__ = ["advance"]
 
 
-def advance(spec: WorkflowSpec, state: WorkflowState, events: Sequence[Event]) -> Step:
-    """Apply ``events`` in order to ``state`` and decide what follows."""
-    conductor = _Conductor(spec, state)
+def advance(spec: WorkflowSpec, state: WorkflowState, events: Sequence[Event], limits: Limits = DEFAULT_LIMITS) -> Step:
+    """Apply ``events`` in order to ``state`` and decide what follows (expressions
+    evaluated within ``limits``)."""
+    conductor = _Conductor(spec, state, limits)
     # Every event first, then what they reached starts: arrivals at one task from
     # several events of this advancement make one instance (see Flow.arrive).
     for event in events:

@@ -40,6 +40,7 @@ from conveyor.workflows._expr_core import (
 )
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "MISSING",
     "ExpressionError",
     "Limits",

@@ -55,7 +55,13 @@ def _yaml_message(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc)
     if mark is None:
         return f"YAML syntax error: {problem}"
-    return f"YAML syntax error at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    message = f"YAML syntax error at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    # libyaml places an unclosed `[` at the end of the text, PyYAML's own parser at the last
+    # token: where the construct that is not closed starts says more than either.
+    context, where = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and where is not None:
+        message += f" ({context} at line {where.line + 1}, column {where.column + 1})"
+    return message
 
 
 def load_workflow(data: Any, ref: str | None = None) -> WorkflowSpec:

@@ -161,8 +161,8 @@ async def test_a_poison_event_does_not_hold_up_the_queue(conn: Conn, pool: Pool,
     rule(conn, "test.fine")
     real = events_module.decide
 
-    def leaky(rule: RuleRow, event: EventRow, tree: Any = None) -> Decision | None:
-        decision = real(rule, event, tree)
+    def leaky(rule: RuleRow, event: EventRow, tree: Any = None, *limits: Any) -> Decision | None:
+        decision = real(rule, event, tree, *limits)
         if decision is not None and rule.ref == "test.nul":
             return dataclasses.replace(decision, parameters={"msg": "\x00"})
         return decision

@@ -118,7 +118,7 @@ def test_an_expression_failure_waits_for_the_running_children_then_fails() -> No
 
 
 def test_advance_never_raises_on_an_evaluator_defect(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(value: object, scope: object) -> object:
+    def broken(value: object, scope: object, *limits: object) -> object:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(working, "evaluate", broken)

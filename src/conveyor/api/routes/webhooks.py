@@ -21,12 +21,14 @@ import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from psycopg.types.json import Jsonb
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor import webhooks as hooks
 from conveyor.api.auth import Admin, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import error
+from conveyor.api.limits import INLINE_BYTES
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.webhook_schemas import (
     WebhookAccepted,
@@ -100,7 +102,9 @@ async def _accept(request: Request, ctx: ApiContext, hook: dict[str, Any]) -> JS
             which = "missing" if sent is None else "wrong"
             raise door.Refusal(401, f"{which} signature: {hook['signature_header']} must be "
                                     f"{hook['signature_prefix']}<HMAC-SHA256 of the body, hex>")  # fmt: skip
-    value = door.parse_body(body, request.headers.get("content-type"), ctx.settings.documents.limits())
+    args = (body, request.headers.get("content-type"), ctx.settings.documents.limits())
+    # Megabytes of JSON are CPU work: off the event loop, which answers /health/live.
+    value = door.parse_body(*args) if len(body) <= INLINE_BYTES else await run_in_threadpool(door.parse_body, *args)
     key = door.idempotency_key(request.headers.get(hook["idempotency_header"]))
     payload = {"body": value, "headers": door.kept_headers(request.headers, hook["idempotency_header"])}
     problems = door.check_payload(hook["payload_schema"], payload)
