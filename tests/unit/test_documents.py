@@ -31,7 +31,7 @@ def test_the_billion_laughs_workflow_is_refused_with_one_line() -> None:
     with pytest.raises(WorkflowError) as caught:
         parse_workflow(text)
     [problem] = caught.value.problems
-    assert problem.message == "the document has more than 100000 nodes (aliases expanded) (documents.max_nodes)"
+    assert problem.message == "the document has more than 1000000 nodes (aliases expanded) (documents.max_nodes)"
     assert "\n" not in str(caught.value)
     with pytest.raises(InvalidRuleError, match=r"documents\.max_nodes"):
         rules.load(text)

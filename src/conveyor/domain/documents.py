@@ -48,7 +48,7 @@ class Limits:
     full within ``api.max_body_bytes``, and far above real workflows and rules."""
 
     max_depth: int = 100  # nesting of mappings and sequences
-    max_nodes: int = 100_000  # scalars (keys too), mappings and sequences, aliases expanded
+    max_nodes: int = 1_000_000  # scalars (keys too), mappings and sequences, aliases expanded
     max_aliases: int = 10_000  # *name references
     max_bytes: int = 10 * 1024 * 1024  # characters of the scalars, aliases expanded
 
