@@ -71,8 +71,14 @@ async def test_after_a_restart_missing_locks_wait_for_the_heartbeat(
     add_worker(conn, "w-silent", heartbeat="now() - interval '1 hour'", lock_epoch="stamp_server_epoch()")
     conn.execute(fault)  # every lock is gone with the server; both missed it
 
-    # Lock missing but taken in an earlier epoch: not judged; the heartbeat decides.
+    # Lock missing but taken in an earlier epoch: not judged; the heartbeat decides -- and a
+    # heartbeat's age counts from the new lifetime at the earliest (no worker could beat while
+    # the server was down): the first sweep stamps the epoch and finds no one dead.
     assert live(conn) == ["w-alive"]
+    assert (await sweep(pool, transport))["dead"] == 0
+    assert statuses(conn) == {"w-alive": "active", "w-silent": "active"}
+    # A threshold (stale_after, 30 s) after the server's return, still silent: dead.
+    conn.execute("UPDATE server_epoch SET epoch = now() - interval '31 seconds'")
     assert (await sweep(pool, transport))["dead"] == 1
     assert statuses(conn) == {"w-alive": "active", "w-silent": "inactive"}
 
