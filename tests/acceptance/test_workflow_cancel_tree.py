@@ -19,8 +19,9 @@ from acceptance.workflow_kit import WORKFLOW_SETTINGS, Conn, start_executor
 pytestmark = pytest.mark.acceptance
 
 # Every workflow runs a leaf that sleeps far longer than the test (a leaf that ends did so
-# because it was cancelled) and, on levels 0..5, forks in three beside it: leaves run
-# while the tree grows (1,093 workflows and 1,093 leaves in full).
+# because it was cancelled) and, on levels 0..6, forks in three beside it: leaves run
+# while the tree grows (3,280 workflows and 3,280 leaves in full). Depth 6 (2,186 in all)
+# was seen fully grown in CI before the cancel command had started on a loaded machine.
 TREE = """
 ref: tests.tree
 input: [depth]
@@ -39,8 +40,8 @@ tasks:
   leaf:
     action: core.sleep seconds=600
 """
-DEPTH = 6
-FULL = 2 * 1093
+DEPTH = 7
+FULL = 3 ** (DEPTH + 1) - 1  # a workflow and a leaf on each node of a ternary tree
 ENDED = ("completed", "failed", "timeout", "cancelled", "abandoned")
 
 
