@@ -76,7 +76,7 @@ def test_the_bomb_is_refused_while_the_api_keeps_answering(procs: Procs) -> None
           f"peak RSS {before:.0f} -> {after:.0f} MiB")  # fmt: skip
     assert response.status_code == 422, response.text
     assert "documents.max_nodes" in response.text
-    assert max(gaps) < 1.0
+    assert max(gaps) < 3.0  # a stall, not a slow probe on a loaded machine (1.1 s seen in CI; the stall was 6.6 s)
     assert after - before < 50
 
 
@@ -125,4 +125,4 @@ def test_a_large_written_out_document_is_refused_while_the_api_answers(procs: Pr
     # The time each refusal takes is printed, not asserted (about a second alone, 3-7 s in a
     # loaded CI run; the YAML was 27-50 s before): what must hold is the refusal naming the bound
     # (above) and the API answering throughout.
-    assert max(gaps) < 1.0
+    assert max(gaps) < 3.0  # a stall, not a slow probe on a loaded machine (1.1 s seen in CI; the stall was 6.6 s)
