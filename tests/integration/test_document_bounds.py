@@ -108,17 +108,30 @@ def test_sdk_refuses_the_bomb_and_repeated_keys(db_url: str) -> None:
         assert client.workflows() == []
 
 
+# The child's own peak, read from /proc/self/status at exit. Not wait4's ru_maxrss: the
+# kernel folds the *parent's* high-water RSS into a vfork'd child's at exec, so in a long
+# CI run it reported the pytest worker's ~366 MiB, not the CLI's.
+_PEAK_AT_EXIT = """
+import atexit, os, runpy, sys
+def _peak():
+    with open("/proc/self/status") as status, open(os.environ["PEAK_FILE"], "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(_peak)
+sys.argv[0] = "conveyor"
+runpy.run_module("conveyor", run_name="__main__", alter_sys=True)
+"""
+
+
 def _cli(db_url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str, float]:
-    """``conveyor ARGS`` as a real process: (exit code, stdout, stderr, its peak RSS in MiB)."""
-    environ = {k: v for k, v in os.environ.items() if k != "CONVEYOR_CONFIG"}
-    environ.update(DATABASE_URL=db_url, **(env or {}))
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen([sys.executable, "-m", "conveyor", *args], env=environ, stdout=out, stderr=err)
-        _, status, usage = os.wait4(process.pid, 0)  # the process's own rusage, not all children's
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return process.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
+    """``conveyor ARGS`` as a real process: (exit code, stdout, stderr, its own peak RSS in MiB)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        peak = Path(scratch) / "peak"
+        environ = {k: v for k, v in os.environ.items() if k != "CONVEYOR_CONFIG"}
+        environ.update(DATABASE_URL=db_url, PEAK_FILE=str(peak), **(env or {}))
+        done = subprocess.run(
+            [sys.executable, "-c", _PEAK_AT_EXIT, *args], env=environ, capture_output=True, text=True, check=False
+        )
+        return done.returncode, done.stdout, done.stderr, int(peak.read_text()) / 1024
 
 
 @pytest.mark.parametrize("levels", [7, 8])
