@@ -26,8 +26,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from conveyor.app import prepare_database
 from conveyor.sdk import request_executions
+from conveyor.service.app import prepare_database
 
 SCHEMA = "conveyor"
 ACTION = "bench.bulk"

@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from conveyor.app import prepare_database
 from conveyor.sdk import request_executions
+from conveyor.service.app import prepare_database
 
 SCHEMA = "conveyor"
 TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")

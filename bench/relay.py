@@ -25,8 +25,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor.app import prepare_database
 from conveyor.config import Settings
+from conveyor.service.app import prepare_database
 from conveyor.transport.rabbitmq import RabbitMQTransport
 
 

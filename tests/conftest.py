@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conveyor.app import prepare_database
+from conveyor.service.app import prepare_database
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SCHEMA = "conveyor"
@@ -88,7 +88,7 @@ def pg_server_url() -> Iterator[str]:
         yield local
         return
     from conveyor.config import Settings
-    from conveyor.embedded import running_server
+    from conveyor.service.embedded import running_server
 
     settings = Settings()
     settings.embedded.data_dir = Path(tempfile.mkdtemp(prefix="conveyor-test-pg-")) / "pgdata"

@@ -14,7 +14,7 @@ import pytest
 
 from acceptance.helpers import Procs
 from acceptance.pg import PrivatePostgres
-from conveyor.app import prepare_database
+from conveyor.service.app import prepare_database
 from conveyor.store.db import connect_sync
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor.app import prepare_database
+from conveyor.service.app import prepare_database
 from support.polling import eventually
 
 BIN = Path(os.environ.get("CONVEYOR_TEST_PG15_BIN", "/usr/lib/postgresql/15/bin"))

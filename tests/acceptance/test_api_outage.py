@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from acceptance.helpers import Procs, conveyor_env, describe, eventually
 from acceptance.pg import PrivatePostgres
-from conveyor.app import prepare_database
+from conveyor.service.app import prepare_database
 
 pytestmark = pytest.mark.acceptance
 

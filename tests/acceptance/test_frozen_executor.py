@@ -18,7 +18,7 @@ import pytest
 from acceptance.helpers import Procs, conveyor_env, eventually, until
 from acceptance.recovery_kit import RECOVERY_SETTINGS, TERMINAL, start_worker
 from acceptance.workflow_kit import Conn, start_executor
-from conveyor.failpoints import ENV as FAILPOINTS
+from conveyor.ops.failpoints import ENV as FAILPOINTS
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance

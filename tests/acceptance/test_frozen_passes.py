@@ -24,7 +24,7 @@ from acceptance.workflow_kit import (
     register_all,
     start_executor,
 )
-from conveyor.failpoints import ENV as FAILPOINTS
+from conveyor.ops.failpoints import ENV as FAILPOINTS
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance

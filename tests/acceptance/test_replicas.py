@@ -1,5 +1,5 @@
 """Acceptance: the crash windows the seeds' HA plan names, hit exactly with failpoints
-(conveyor/failpoints.py: the process SIGKILLs itself at a named point), and duplicate
+(conveyor/ops/failpoints.py: the process SIGKILLs itself at a named point), and duplicate
 delivery of every message type, with real executor replicas and workers on both
 transports. Assertions are about what the database records."""
 

@@ -2,7 +2,7 @@
 SIGKILLed mid-pass, with real executor processes.
 
 The doomed executor evaluates events in batches of 3 and SIGKILLs itself on its second
-pass at a failpoint (conveyor/failpoints.py, executor/events.py): after locking its
+pass at a failpoint (conveyor/ops/failpoints.py, executor/events.py): after locking its
 events and before any enforcement (``events.after_claim``: between event and
 enforcement), after enforce_events wrote the enforcements and requested their executions
 but before commit (``events.after_enforcement``: between enforcement and execution being

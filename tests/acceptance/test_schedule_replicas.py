@@ -13,7 +13,7 @@ import pytest
 
 from acceptance.helpers import Procs, conveyor_env, until
 from acceptance.workflow_kit import Conn, start_executor
-from conveyor.failpoints import ENV as FAILPOINTS
+from conveyor.ops.failpoints import ENV as FAILPOINTS
 
 pytestmark = pytest.mark.acceptance
 

@@ -1,7 +1,7 @@
 """Acceptance: workflow advancement survives an executor SIGKILLed at every step of it,
 with real executor and worker processes.
 
-Each crash point of the advancing transaction (conveyor/failpoints.py: after the dispatch
+Each crash point of the advancing transaction (conveyor/ops/failpoints.py: after the dispatch
 rows, after the child rows, before commit, after commit) and the window before it (a
 child's completion committed while no executor is alive): the doomed executor dies
 there, a replacement starts, and the database must show every workflow completed with

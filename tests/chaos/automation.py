@@ -171,9 +171,9 @@ class WebhookSender(threading.Thread):
 
 
 def _sdk_emit() -> Callable[..., Any] | None:
-    """The SDK's ``emit_event_once`` where the SDK has it (conveyor.sdk_events)."""
+    """The SDK's ``emit_event_once`` where the SDK has it (conveyor.sdk.events)."""
     try:
-        module = importlib.import_module("conveyor.sdk_events")
+        module = importlib.import_module("conveyor.sdk.events")
     except ImportError:
         return None
     found: Callable[..., Any] | None = getattr(module, "emit_event_once", None)

@@ -26,7 +26,7 @@ import psycopg
 from acceptance import mq
 from acceptance.helpers import conveyor_env, describe, run_cli
 from acceptance.pg import PrivatePostgres
-from conveyor import failpoints
+from conveyor.ops import failpoints
 
 from . import automation
 from . import report as reporting
@@ -183,12 +183,14 @@ def _build_fleet(config: ChaosConfig, env: dict[str, str], log_dir: Path, rng: r
     if config.failpoints:
         # Crashes at exact protocol points, each in one incarnation (the next one of the
         # same member gets the next); the injector restarts them like any other death.
-        # Points are named in conveyor/failpoints.py's docstring; the first known of each
+        # Points are named in conveyor/ops/failpoints.py's docstring; the first known of each
         # list is used (a renamed point is noticed here, not silently never reached).
         def point(*names: str) -> str:
             found = next((n for n in names if n in known), None)
             if found is None:
-                raise RuntimeError(f"none of the failpoints {names} is known to conveyor.failpoints: {sorted(known)}")
+                raise RuntimeError(
+                    f"none of the failpoints {names} is known to conveyor.ops.failpoints: {sorted(known)}"
+                )
             return found
 
         known = set(re.findall(r"``([a-z_]+\.[a-z_]+)``", failpoints.__doc__ or ""))

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from conveyor import sdk, verbs
+from conveyor import sdk
 from conveyor.domain.errors import InvalidParametersError, UnknownActionError
 from conveyor.sdk import request_executions
+from conveyor.verbs import common as verbs
 from integration.builders import holders, policy, waiters
 
 Conn = psycopg.Connection[dict[str, Any]]

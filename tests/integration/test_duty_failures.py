@@ -10,7 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor.service import ExecutorService
-from conveyor.metrics import DUTY_FAILING
+from conveyor.ops.metrics import DUTY_FAILING
 from conveyor.transport.postgres import PostgresTransport
 from support.polling import until
 

@@ -16,7 +16,7 @@ import pytest
 from conveyor.domain.delays import DelayError
 from conveyor.domain.errors import ConflictError, InvalidPayloadError, InvalidTriggerError, NotFoundError
 from conveyor.sdk import Client, request_executions
-from conveyor.sdk_events import emit_event, emit_event_once, register_trigger, replay_event, replay_events
+from conveyor.sdk.events import emit_event, emit_event_once, register_trigger, replay_event, replay_events
 from conveyor.store.db import connect_sync
 from integration.builders import Conn
 from support.polling import eventually

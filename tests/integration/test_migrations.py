@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor.app import prepare_database
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.domain.status import edges
+from conveyor.service.app import prepare_database
 from conveyor.store.migrate import check_version, known_migrations, migrate, migration_states
 from integration.builders import SCHEMA
 

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor.service import ExecutorService
-from conveyor.metrics import EXECUTIONS_PURGED
+from conveyor.ops.metrics import EXECUTIONS_PURGED
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport

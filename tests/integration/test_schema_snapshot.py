@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conveyor.app import prepare_database
+from conveyor.service.app import prepare_database
 from conveyor.store.snapshot import SNAPSHOT, dump_schema, pg_dump_path
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

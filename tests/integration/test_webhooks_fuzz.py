@@ -25,7 +25,7 @@ from conveyor.domain.webhooks import signature
 from conveyor.store.db import connect_sync, make_pool
 from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
-from conveyor.webhooks import registration
+from conveyor.verbs.webhooks import registration
 
 SECRET = "fuzz-secret"
 TOKEN = "fuzz-token"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-METRICS = (ROOT / "src" / "conveyor" / "metrics.py", ROOT / "src" / "conveyor" / "executor" / "gauges.py")
+METRICS = (ROOT / "src" / "conveyor" / "ops" / "metrics.py", ROOT / "src" / "conveyor" / "executor" / "gauges.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import aio_pika
 import pytest
 
 from conveyor.config import Settings, load_settings
-from conveyor.config_keys import mask_secrets, split_urls
+from conveyor.config.keys import mask_secrets, split_urls
 from conveyor.domain.errors import ConveyorError
 from conveyor.transport.rabbitmq import RabbitMQTransport, node_of, rotated
 

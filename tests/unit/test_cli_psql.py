@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor import embedded
 from conveyor.cli import database
 from conveyor.domain.errors import ConveyorError
+from conveyor.service import embedded
 
 
 def test_psql_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.config import Settings, load_settings
-from conveyor.config_keys import mask_secrets
+from conveyor.config.keys import mask_secrets
 from conveyor.domain.errors import ConveyorError
 
 

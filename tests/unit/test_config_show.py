@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import embedded
 from conveyor.cli import config_cmd
 from conveyor.cli.config_cmd import effective
 from conveyor.config import Settings
 from conveyor.domain.errors import DatabaseUnavailableError
+from conveyor.service import embedded
 from conveyor.worker.naming import default_worker_name
 
 

@@ -78,7 +78,7 @@ def test_every_duration_parser_refuses_a_huge_duration_in_one_line(text: str) ->
     dead-letter ages, retention settings) says so instead of an OverflowError (issue #25)."""
     from conveyor.domain.retention import parse_age, retention_seconds
     from conveyor.domain.schedules import InvalidScheduleError, parse_every
-    from conveyor.schedule_verbs import duration
+    from conveyor.verbs.schedules import duration
 
     parsers = [
         (parse_duration, DelayError),

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from conveyor.domain.documents import DocumentError, Limits, check, load_json, load_yaml
 from conveyor.domain.errors import InvalidRuleError
+from conveyor.expressions import ExpressionError, Scope, evaluate
 from conveyor.rules import parse as rules
-from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.problems import WorkflowError
 from support.documents import bomb

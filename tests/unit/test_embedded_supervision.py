@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conveyor import embedded
 from conveyor.config import Settings, load_settings
 from conveyor.domain.errors import ConveyorError, DatabaseUnavailableError
 from conveyor.domain.restarts import RestartPolicy, restart_delay
+from conveyor.service import embedded
 
 POLICY = RestartPolicy(limit=4, window=60.0, backoff=0.5, backoff_max=1.5)
 
@@ -149,7 +149,7 @@ def test_a_postmaster_pid_naming_a_zombie_is_no_server(tmp_path: Path) -> None:
 def test_a_reused_pid_in_pgserver_s_old_list_of_users_is_no_user(tmp_path: Path) -> None:
     # .handle_pids.json, written by `up`s of earlier releases, holds bare pids: this process
     # (pytest, no `conveyor up`) stands for a dead `up`'s pid reused by something else.
-    from conveyor.embedded_server import LEGACY_HANDLES, _legacy_users
+    from conveyor.service.embedded_server import LEGACY_HANDLES, _legacy_users
 
     sleeper = subprocess.Popen(["sleep", "30"])
     try:

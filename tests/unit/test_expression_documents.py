@@ -14,9 +14,9 @@ from conveyor.config import Settings
 from conveyor.domain.documents import Limits as DocumentLimits
 from conveyor.executor.events import Enforcer
 from conveyor.executor.workflows import Advancer
+from conveyor.expressions import ExpressionError, Limits, Scope, evaluate
 from conveyor.rules.render import EventRow, RuleRow, decide
 from conveyor.workflows.conductor import advance
-from conveyor.workflows.expressions import ExpressionError, Limits, Scope, evaluate
 from conveyor.workflows.state import Started, WorkflowState
 from unit.workflows.conductor_kit import task, wf
 

@@ -1,11 +1,11 @@
-"""The failpoint spec (conveyor/failpoints.py): which points are armed, on which pass, and
+"""The failpoint spec (conveyor/ops/failpoints.py): which points are armed, on which pass, and
 whether they kill or freeze the process."""
 
 from __future__ import annotations
 
 import pytest
 
-from conveyor.failpoints import _parse
+from conveyor.ops.failpoints import _parse
 
 
 def test_points_kill_by_default_and_freeze_with_stop() -> None:

@@ -19,8 +19,8 @@ DML = r"(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+{table}\b"
 
 # Each verb's named query, the SQL function it is, and the modules that execute it.
 VERBS = {
-    "patch_schedule": ("patch_schedule", {"sdk_schedules.py", "api/routes/schedules.py"}),
-    "replay_dead_letter": ("replay_dead_letter", {"replay.py"}),
+    "patch_schedule": ("patch_schedule", {"sdk/schedules.py", "api/routes/schedules.py"}),
+    "replay_dead_letter": ("replay_dead_letter", {"verbs/dead_letters.py"}),
     "purge_dead_letters": ("purge_dead_letters", {"cli/dead_letters.py", "api/routes/dead_letters.py"}),
     "create_token": ("create_api_token", {"cli/tokens.py", "api/auth.py"}),
     "revoke_token": ("revoke_api_token", {"cli/tokens.py", "api/routes/resources.py"}),
@@ -70,8 +70,8 @@ def test_each_verb_is_executed_only_by_its_callers() -> None:
     # The replay's former pieces are gone: the lock and the mark are inside its function.
     assert not {"lock_dead_letter", "mark_replayed", "replay_message"} & (set(Q) | set(where))
     # A PATCH no longer replaces the whole row through create_schedule.
-    assert where["create_schedule"] == {"sdk_schedules.py", "api/routes/schedules.py"}
-    patch_code = (SRC / "sdk_schedules.py").read_text(encoding="utf-8")
+    assert where["create_schedule"] == {"sdk/schedules.py", "api/routes/schedules.py"}
+    patch_code = (SRC / "sdk/schedules.py").read_text(encoding="utf-8")
     update = patch_code[patch_code.index("def update_schedule") : patch_code.index("def schedules")]
     assert 'Q["patch_schedule"]' in update
     assert 'Q["create_schedule"]' not in update

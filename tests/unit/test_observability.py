@@ -10,11 +10,11 @@ import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from conveyor import logs
 from conveyor.actions.core import core
 from conveyor.config import Settings
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
+from conveyor.ops import logs
 from conveyor.store.rows import ClaimedRun
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.worker import service

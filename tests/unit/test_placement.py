@@ -3,7 +3,7 @@ within capacity). No database, no processes."""
 
 from __future__ import annotations
 
-from conveyor.executor.placement import Candidate, Claim, place
+from conveyor.domain.placement import Candidate, Claim, place
 
 # ---------------------------------------------------------------------------
 # Placement

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-import conveyor.metrics  # noqa: F401  (registers the process's collectors)
+import conveyor.ops.metrics  # noqa: F401  (registers the process's collectors)
 
 ROOT = Path(__file__).resolve().parents[2]
 

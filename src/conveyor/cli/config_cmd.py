@@ -8,11 +8,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from conveyor import embedded
 from conveyor.cli.context import JsonOption, console, print_json, state
 from conveyor.config import Settings, _flatten
-from conveyor.config_keys import mask_secrets
+from conveyor.config.keys import mask_secrets
 from conveyor.domain.errors import DatabaseUnavailableError
+from conveyor.service import embedded
 from conveyor.worker.naming import default_worker_name
 
 app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)

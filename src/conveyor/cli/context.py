@@ -20,8 +20,8 @@ from rich.text import Text
 from conveyor.cli.terminal import SafeConsole, visible
 from conveyor.config import LoadedSettings, load_settings
 from conveyor.domain.errors import SchemaTooNewError
-from conveyor.embedded import resolve_direct_url
 from conveyor.sdk import Client
+from conveyor.service.embedded import resolve_direct_url
 from conveyor.store.db import Row, connect_sync
 from conveyor.store.migrate import check_version, known_migrations
 

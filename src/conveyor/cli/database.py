@@ -14,9 +14,9 @@ import psycopg
 import typer
 from rich.table import Table
 
-from conveyor import embedded
 from conveyor.cli.context import console, print_json, state, styled, when
 from conveyor.domain.errors import ConveyorError
+from conveyor.service import embedded
 from conveyor.store.migrate import Migration, MigrationState, migration_states
 
 app = typer.Typer(help="The configured database: its connection URL.", no_args_is_help=True)

@@ -38,10 +38,10 @@ from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.delays import DurationTooLong
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import RetentionError, parse_age
-from conveyor.embedded import resolve_direct_url
-from conveyor.replay import Outcome, replay_one
+from conveyor.service.embedded import resolve_direct_url
 from conveyor.store.db import Row, make_pool
 from conveyor.store.queries import Q
+from conveyor.verbs.dead_letters import Outcome, replay_one
 
 app = typer.Typer(help="Inspect, replay and purge dead-lettered messages.", no_args_is_help=True)
 

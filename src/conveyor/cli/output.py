@@ -11,7 +11,7 @@ import typer
 from conveyor.cli.context import state
 from conveyor.cli.terminal import visible  # an action's output must not drive the terminal
 from conveyor.domain.storable import output_text
-from conveyor.sdk_output import OutputChunk
+from conveyor.sdk.output import OutputChunk
 
 
 def _write(out: TextIO, chunk: OutputChunk | str) -> None:

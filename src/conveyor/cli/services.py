@@ -9,14 +9,14 @@ from typing import Annotated
 
 import typer
 
-from conveyor import embedded
-from conveyor.app import Started, exit_if_actions_linger, prepare_database, serve
 from conveyor.cli.context import JsonOption, console, err_console, line, print_json, state
 from conveyor.cli.database import show_migrations
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
-from conveyor.embedded_server import supervised
-from conveyor.logs import configure
+from conveyor.ops.logs import configure
+from conveyor.service import embedded
+from conveyor.service.app import Started, exit_if_actions_linger, prepare_database, serve
+from conveyor.service.embedded_server import supervised
 
 Imports = Annotated[list[str] | None, typer.Option("--import", "-i", help="Module whose actions to offer.")]
 

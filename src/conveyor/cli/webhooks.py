@@ -15,7 +15,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from conveyor import webhooks as hooks
 from conveyor.cli.context import JsonOption, JsonResultOption, console, err_console, print_json, state, when
 from conveyor.cli.run import parse_json
 from conveyor.domain.documents import DocumentError
@@ -23,6 +22,7 @@ from conveyor.domain.errors import ConveyorError
 from conveyor.domain.webhooks import new_secret
 from conveyor.sdk import Client
 from conveyor.store.queries import Q
+from conveyor.verbs import webhooks as hooks
 
 app = typer.Typer(help="Webhooks: HTTP doors that emit events for rules.", no_args_is_help=True)
 Name = Annotated[str, typer.Argument(help="The webhook's name (its door: POST /api/v1/webhooks/NAME).")]

@@ -12,13 +12,13 @@ from typing import Any
 import jsonschema
 
 from conveyor.domain.errors import InvalidPayloadError, InvalidTriggerError, NotFoundError
+from conveyor.domain.ids import is_id
 from conveyor.domain.storable import unstorable  # the one check of what PostgreSQL can store
 
 # trigger.name's CHECK (migration 0016).
 NAME_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$"
 NAME_MAX = 255
 _NAME = re.compile(NAME_PATTERN)
-ID_MAX = 2**62
 ENFORCEMENT_OUTCOMES = ("requested", "template_error", "request_error", "rule_disabled")
 
 
@@ -40,7 +40,7 @@ def enforcement_not_found(enforcement_id: int) -> NotFoundError:
 
 
 def valid_id(value: int) -> bool:
-    return 1 <= value <= ID_MAX
+    return is_id(value)
 
 
 def check_trigger(name: str, payload_schema: Any, description: str | None = None) -> None:

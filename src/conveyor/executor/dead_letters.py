@@ -29,7 +29,7 @@ from conveyor.config import Settings
 from conveyor.domain.dead_letters import Resolution
 from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
 from conveyor.domain.status import ExecutionStatus
-from conveyor.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
+from conveyor.ops.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
 from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions

@@ -31,9 +31,9 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints, metrics
 from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
 from conveyor.domain.documents import Limits as DocumentLimits
+from conveyor.ops import failpoints, metrics
 from conveyor.rules.criteria import Criterion
 from conveyor.rules.parse import criteria_of
 from conveyor.rules.render import LIMITS, Decision, EventRow, RuleRow, decide

@@ -17,7 +17,6 @@ from typing import Any
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
 from conveyor.config import Settings
 from conveyor.domain.outcome import (
     NOT_PICKED_UP_ERROR,
@@ -28,7 +27,8 @@ from conveyor.domain.outcome import (
 )
 from conveyor.domain.policy import WorkerLostPolicy
 from conveyor.domain.status import ExecutionStatus, InactiveReason
-from conveyor.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
+from conveyor.ops import failpoints
+from conveyor.ops.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 

@@ -26,7 +26,7 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import RetentionSettings
-from conveyor.metrics import EXECUTIONS_PURGED
+from conveyor.ops.metrics import EXECUTIONS_PURGED
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)

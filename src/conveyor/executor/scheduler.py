@@ -18,9 +18,9 @@ import structlog
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
 from conveyor.domain.inquiries import ask_problems
-from conveyor.executor.placement import Claim, place
+from conveyor.domain.placement import Claim, place
+from conveyor.ops import failpoints
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedExecution, LiveWorker
 

@@ -24,9 +24,9 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
 from conveyor.domain import schedules as sch
-from conveyor.metrics import SCHEDULE_LAG, SCHEDULE_SLOTS
+from conveyor.ops import failpoints
+from conveyor.ops.metrics import SCHEDULE_LAG, SCHEDULE_SLOTS
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)

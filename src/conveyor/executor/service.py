@@ -24,7 +24,7 @@ from conveyor.executor.retention import Retention
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.workflows import Advancer
-from conveyor.metrics import DUTY_FAILING, DUTY_FAILURES
+from conveyor.ops.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.db import SESSION_ENDED, log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m

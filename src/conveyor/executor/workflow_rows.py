@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from conveyor.config_workflow import WorkflowBounds
+from conveyor.config.workflow import WorkflowBounds
 from conveyor.workflows.state import (
     CancelRequested,
     ChildEnded,

@@ -30,8 +30,7 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
-from conveyor.config_workflow import WorkflowBounds
+from conveyor.config.workflow import WorkflowBounds
 from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
 from conveyor.domain.documents import Limits as DocumentLimits
 from conveyor.executor.workflow_rows import (
@@ -47,10 +46,11 @@ from conveyor.executor.workflow_rows import (
     rows_of,
     state_of,
 )
+from conveyor.expressions import Limits as ExpressionLimits
+from conveyor.ops import failpoints
 from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
-from conveyor.workflows.expressions import Limits as ExpressionLimits
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import CancelRequested, Event, Step, WorkflowState
 

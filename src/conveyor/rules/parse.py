@@ -20,9 +20,9 @@ import yaml
 from conveyor.domain.documents import DEFAULT_LIMITS, DocumentError, Limits, load_yaml
 from conveyor.domain.errors import InvalidRuleError
 from conveyor.domain.storable import storable_problems
+from conveyor.expressions import syntax_errors, unknown_functions
 from conveyor.rules import criteria as c
 from conveyor.rules.spec import RuleSpec
-from conveyor.workflows.expressions import syntax_errors, unknown_functions
 
 REF: Final = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$")
 KNOWN: Final = frozenset({"ref", "pack", "name", "description", "enabled", "trigger", "criteria", "action"})

@@ -1,7 +1,7 @@
 """Rule parameters rendered from an event, and the pure decision per (rule, event).
 
 Templates use the workflows' sandboxed, bounded expression language
-(conveyor.workflows.expressions): Jinja ``{{ trigger.body.x }}`` and YAQL
+(conveyor.expressions): Jinja ``{{ trigger.body.x }}`` and YAQL
 ``<% $.trigger.body.x %>``, seeing ``trigger`` (the payload) and ``event`` (id, trigger,
 source, received). Bounded tighter than a workflow's (one second): the executor renders
 a whole batch of events in one pass.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from conveyor.domain.errors import InvalidRuleError
+from conveyor.expressions import ExpressionError, Limits, Scope, evaluate
 from conveyor.rules.criteria import Criterion, matches
 from conveyor.rules.parse import criteria_of
-from conveyor.workflows.expressions import ExpressionError, Limits, Scope, evaluate
 
 LIMITS: Final = Limits(seconds=1.0, max_bytes=1 << 20)
 

@@ -18,7 +18,12 @@ from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
 
+# The connection types of the whole code base: every connection is made with dict rows
+# (connect, connect_sync, make_pool), so a row is a dict keyed by column name.
 Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+AsyncConn = psycopg.AsyncConnection[Row]
+Pool = AsyncConnectionPool[AsyncConn]
 
 # Keepalives so that a session whose peer vanished (host down, link cut) is
 # noticed by both ends in seconds rather than after the kernel's 2-hour default.

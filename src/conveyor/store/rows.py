@@ -11,8 +11,8 @@ from psycopg.types.json import Jsonb
 
 from conveyor.actions.registry import ActionDefinition
 from conveyor.domain.outcome import AttemptEnd, Decision
+from conveyor.domain.placement import Candidate, Claim
 from conveyor.domain.status import ExecutionStatus
-from conveyor.executor.placement import Candidate, Claim
 
 
 def action_row(definition: ActionDefinition) -> dict[str, Any]:

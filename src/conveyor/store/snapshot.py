@@ -53,7 +53,7 @@ def dump_schema(url: str, schema: str) -> str:
 
 
 def regenerate(server_url: str, schema: str = "conveyor") -> str:
-    from conveyor.app import prepare_database
+    from conveyor.service.app import prepare_database
 
     name = f"conveyor_snapshot_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:

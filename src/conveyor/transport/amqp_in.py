@@ -25,7 +25,7 @@ import psycopg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from conveyor.metrics import transport_error
+from conveyor.ops.metrics import transport_error
 from conveyor.transport.base import DeadLetterSink
 from conveyor.transport.messages import DeadLetter, body_digest, broker_reason, pg_text
 

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from conveyor.metrics import transport_error
+from conveyor.ops.metrics import transport_error
 from conveyor.store.db import RECONNECT_INTERVAL, conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 

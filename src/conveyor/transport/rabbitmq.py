@@ -55,7 +55,7 @@ from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
-from conveyor.metrics import transport_error
+from conveyor.ops.metrics import transport_error
 from conveyor.transport import messages as m
 from conveyor.transport.amqp_in import DeadLetterConsumer, dead_letter_copy
 from conveyor.transport.base import DeadLetterSink, Doorbell, Topic, Transport

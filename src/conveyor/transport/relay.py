@@ -19,9 +19,9 @@ import aio_pika
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
 from conveyor.config import Settings
-from conveyor.metrics import OUTBOX_DEPTH, OUTBOX_PUBLISHED, transport_error
+from conveyor.ops import failpoints
+from conveyor.ops.metrics import OUTBOX_DEPTH, OUTBOX_PUBLISHED, transport_error
 from conveyor.store.db import SESSION_ENDED
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m

@@ -1,12 +1,12 @@
 """Worker metrics, observed from what the worker already has at hand: the rows of its
-claims and the results it queues (definitions in ``conveyor/metrics.py``)."""
+claims and the results it queues (definitions in ``conveyor/ops/metrics.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from conveyor.metrics import EXECUTION_DURATION, EXECUTION_TIMEOUTS, SCHEDULING_LATENCY
+from conveyor.ops.metrics import EXECUTION_DURATION, EXECUTION_TIMEOUTS, SCHEDULING_LATENCY
 from conveyor.store.rows import ClaimedRun
 
 

@@ -22,10 +22,10 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor import failpoints
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import ERROR_LIMIT, clean_text
+from conveyor.ops import failpoints
 from conveyor.store.db import RECONNECT_INTERVAL
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun

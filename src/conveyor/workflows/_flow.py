@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from conveyor.expressions import item_vars
 from conveyor.workflows._working import Stop, Working
 from conveyor.workflows.childresult import error_of
-from conveyor.workflows.expressions import item_vars
 from conveyor.workflows.spec import COMMANDS, RetrySpec, TaskSpec
 from conveyor.workflows.state import NewChild, TaskKey, TaskRun, TaskStatus
 

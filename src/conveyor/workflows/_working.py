@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conveyor.workflows.expressions import DEFAULT_LIMITS, ExpressionError, Limits, Scope, evaluate
+from conveyor.expressions import DEFAULT_LIMITS, ExpressionError, Limits, Scope, evaluate
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     Dispatch,

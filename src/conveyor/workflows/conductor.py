@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from conveyor.expressions import DEFAULT_LIMITS, Limits, Scope, item_vars
 from conveyor.workflows._flow import RETRIED, Flow, retry_delay
 from conveyor.workflows._working import TERMINAL, Stop
 from conveyor.workflows.childresult import child_value
-from conveyor.workflows.expressions import DEFAULT_LIMITS, Limits, Scope, item_vars
 from conveyor.workflows.spec import WorkflowSpec
 from conveyor.workflows.state import (
     CancelRequested,

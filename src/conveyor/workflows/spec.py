@@ -9,7 +9,7 @@ started with.
 Values that may hold expressions (``when``, ``input`` values, ``publish`` values,
 ``items``, ``concurrency``, ``output`` values, ``vars`` values, a retry's ``when`` and
 ``count``) are kept as written: strings containing ``<% ... %>`` (YAQL) or ``{{ ... }}``
-(Jinja2) are evaluated at run time by :mod:`conveyor.workflows.expressions`.
+(Jinja2) are evaluated at run time by :mod:`conveyor.expressions`.
 """
 
 from __future__ import annotations

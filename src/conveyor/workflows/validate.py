@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from conveyor.workflows.expressions import has_expression, syntax_errors, unknown_functions
+from conveyor.expressions import has_expression, syntax_errors, unknown_functions
 from conveyor.workflows.problems import Problem, join
 from conveyor.workflows.spec import COMMANDS, TaskSpec, WorkflowSpec
 

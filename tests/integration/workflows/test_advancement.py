@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from conveyor import failpoints
 from conveyor.executor.workflows import Advancer
+from conveyor.ops import failpoints
 from conveyor.transport.postgres import PostgresTransport
 from conveyor.workflows.state import ChildEnded, Dispatch, NewChild, Started, Step, TaskRun
 from integration.builders import Conn, Pool, row

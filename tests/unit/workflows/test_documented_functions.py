@@ -14,8 +14,8 @@ from typing import Final
 import pytest
 
 from conveyor.domain.errors import InvalidRuleError
+from conveyor.expressions import Scope, evaluate, unknown_functions
 from conveyor.rules import parse as rules
-from conveyor.workflows.expressions import Scope, evaluate, unknown_functions
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.validate import validate
 

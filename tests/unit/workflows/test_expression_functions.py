@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.workflows.expressions import ExpressionError, Scope, evaluate
+from conveyor.expressions import ExpressionError, Scope, evaluate
 from conveyor.workflows.parse import parse_workflow
 
 SCOPE = Scope(

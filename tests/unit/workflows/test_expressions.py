@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.workflows.expressions import MISSING, ExpressionError, Limits, Scope, evaluate, syntax_errors
+from conveyor.expressions import MISSING, ExpressionError, Limits, Scope, evaluate, syntax_errors
 
 SCOPE = Scope(
     {"a": 1, "hosts": ["h1", "h2"], "name": "bob"},
@@ -212,7 +212,7 @@ def test_first_yaql_evaluation_not_charged_the_engine_build() -> None:
     # recorded template_error "took longer than 1 s", for good). A fresh process: the engine
     # cannot be built twice in one.
     code = (
-        "from conveyor.workflows.expressions import Limits, Scope, evaluate\n"
+        "from conveyor.expressions import Limits, Scope, evaluate\n"
         "print(evaluate('<% $.a %>', Scope(ctx={'a': 3}), Limits(seconds=0.05)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -18,8 +18,8 @@ from urllib.parse import urlencode
 from conveyor.api.dashboard.data import FINISHED, PAGE, NotFound, Shown, _choice, _id, _text
 from conveyor.api.dashboard.web import pretty
 from conveyor.domain.schedules import InvalidScheduleError
-from conveyor.schedule_verbs import next_fire_times
 from conveyor.store.queries import Q
+from conveyor.verbs.schedules import next_fire_times
 
 OUTCOMES = ("requested", "template_error", "request_error", "rule_disabled")
 SLOT_OUTCOMES = ("requested", "emitted", "skipped", "missed", "buffered", "request_error")

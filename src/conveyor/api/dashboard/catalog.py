@@ -10,7 +10,7 @@ from typing import Any
 
 from conveyor.api.dashboard.data import NotFound
 from conveyor.api.dashboard.web import pretty
-from conveyor.executor.placement import Candidate, Claim
+from conveyor.domain.placement import Candidate, Claim
 from conveyor.store.queries import Q
 
 QUEUE_SHOWN = 50  # waiting executions shown per group; the rest are counted

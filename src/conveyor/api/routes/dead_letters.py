@@ -12,8 +12,8 @@ from conveyor.api.routes.executions import ERRORS
 from conveyor.api.schemas import DeadLetterOut, PurgeOut, ReplayOut
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.errors import ConflictError, ConveyorError, NotFoundError
-from conveyor.replay import replay_one
 from conveyor.store.queries import Q
+from conveyor.verbs.dead_letters import replay_one
 
 router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
 Ctx = Annotated[ApiContext, Depends(context)]

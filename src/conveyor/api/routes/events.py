@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, status
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import ClientGoneError
@@ -32,6 +31,7 @@ from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
 from conveyor.domain.errors import ConflictError
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter(prefix="/events", tags=["events"])
 enforcements = APIRouter(prefix="/enforcements", tags=["enforcements"])

@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.api import search
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
@@ -28,6 +27,9 @@ from conveyor.domain.models import summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
+from conveyor.verbs import executions
+from conveyor.verbs.drive import run_async
 
 log = structlog.get_logger(__name__)
 router = APIRouter(prefix="/executions", tags=["executions"])
@@ -275,15 +277,10 @@ async def cancel(execution_id: int, ctx: Ctx, principal: Operator, body: CancelI
     eid = valid_id(execution_id)
     policy = body.policy if body else None
 
-    async def attempt() -> Any:  # one statement, one transaction: retried whole on a deadlock
-        async with ctx.pool.connection() as conn:
-            if policy is None:
-                return await (await conn.execute(Q["cancel_execution"], {"id": eid, "by": principal.name})).fetchone()
-            params = {"id": eid, "by": principal.name, "policy": policy}
-            return await (await conn.execute(Q["cancel_workflow"], params)).fetchone()
-
-    row = await verbs.retried_async(attempt, ctx.settings.database.verb_retries, "cancel")
-    return {"id": eid, "status": verbs.cancelled(eid, row)}
+    verb = lambda: executions.cancel(eid, principal.name, policy)  # noqa: E731 (run again after a deadlock)
+    async with ctx.pool.connection() as conn:
+        now = await run_async(conn, verb, retries=ctx.settings.database.verb_retries)
+    return {"id": eid, "status": now}
 
 
 @router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,

@@ -11,12 +11,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.api.auth import Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut, InquiryOut, InquiryPage, RespondIn, RespondOut
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter(prefix="/inquiries", tags=["inquiries"])
 Ctx = Annotated[ApiContext, Depends(context)]

@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException
 
-from conveyor import verbs
 from conveyor.api.auth import Admin, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut, PolicyDeleted, PolicyIn, PolicyOut
 from conveyor.domain.errors import InvalidPolicyError
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter(prefix="/policies", tags=["policies"])
 Ctx = Annotated[ApiContext, Depends(context)]

@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, status
 
-from conveyor import verbs
 from conveyor.api.auth import Admin, Role, Viewer, create_token
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ActionOut, TokenCreate, TokenCreated, TokenOut, WorkerChange, WorkerOut
 from conveyor.domain.errors import NotFoundError
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter()
 Ctx = Annotated[ApiContext, Depends(context)]

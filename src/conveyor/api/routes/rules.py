@@ -9,15 +9,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, status
 from starlette.concurrency import run_in_threadpool
 
-from conveyor import verbs
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.rule_schemas import RuleEnabledOut, RuleOut, RuleRegistered, RuleSummaryOut
 from conveyor.api.workflow_schemas import InvalidWorkflowOut
 from conveyor.rules import parse
-from conveyor.sdk_rules import register_args, rule_found
+from conveyor.sdk.rules import register_args, rule_found
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter(prefix="/rules", tags=["rules"])
 Ctx = Annotated[ApiContext, Depends(context)]

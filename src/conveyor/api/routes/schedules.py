@@ -12,13 +12,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor import schedule_verbs as sv
-from conveyor import verbs
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
+from conveyor.verbs import schedules as sv
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 Ctx = Annotated[ApiContext, Depends(context)]

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response, status
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.api.auth import Admin, Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.event_schemas import TriggerCreate, TriggerIn, TriggerOut, TriggerRegistered
@@ -18,6 +17,7 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 router = APIRouter(prefix="/triggers", tags=["triggers"])
 Ctx = Annotated[ApiContext, Depends(context)]

@@ -24,7 +24,6 @@ from psycopg.types.json import Jsonb
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from conveyor import webhooks as hooks
 from conveyor.api.auth import Admin, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import error
@@ -41,8 +40,9 @@ from conveyor.api.webhook_schemas import (
 )
 from conveyor.domain import webhooks as door
 from conveyor.domain.errors import ConflictError, InvalidPayloadError, NotFoundError
-from conveyor.metrics import WEBHOOK_REQUESTS
+from conveyor.ops.metrics import WEBHOOK_REQUESTS
 from conveyor.store.queries import Q
+from conveyor.verbs import webhooks as hooks
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 Ctx = Annotated[ApiContext, Depends(context)]

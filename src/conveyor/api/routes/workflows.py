@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, status
 from starlette.concurrency import run_in_threadpool
 
-from conveyor import verbs
 from conveyor.api.auth import Admin, Operator, Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY, valid_id
@@ -27,6 +26,7 @@ from conveyor.api.workflow_schemas import (
 from conveyor.domain.errors import ExecutionNotFoundError, NotFoundError
 from conveyor.domain.models import summary_fields
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 from conveyor.workflows.registration import Definition, prepare
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])

@@ -67,7 +67,7 @@ SELECT * FROM dead_letter WHERE id = %(id)s;
 
 -- name: replay_dead_letter
 -- The SQL function of migration 0035: lock, publish again, mark replayed (outcome
--- replayed, skipped or missing); what to publish is checked first by conveyor.replay.
+-- replayed, skipped or missing); what to publish is checked first by conveyor.verbs.dead_letters.
 SELECT outcome, transport, detail
 FROM replay_dead_letter(%(id)s, %(by)s, %(skip_replayed)s, %(routing_key)s, %(message_type)s, %(payload)s);
 

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.domain.errors import NotFoundError
 from conveyor.domain.storable import unstorable
 from conveyor.domain.webhooks import InvalidWebhookError, check_schema, token_hash, valid_name
+from conveyor.verbs import common as verbs
 
 INVALID_WEBHOOK = "CVW01"  # register_webhook: the definition cannot be stored
 

@@ -9,7 +9,7 @@ from typing import Literal
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from conveyor.config_keys import mask_secrets, split_urls
+from conveyor.config.keys import mask_secrets, split_urls
 
 # database.verb_retries's default, also the SDK client's when it is made without settings.
 VERB_RETRIES = 3

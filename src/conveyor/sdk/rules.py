@@ -19,12 +19,12 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import NotFoundError
 from conveyor.rules import parse
 from conveyor.rules.spec import RuleSpec
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 RuleSource = str | bytes | Path | Mapping[str, Any]
 

@@ -24,7 +24,7 @@ from conveyor.actions.registry import ActionDefinition, default_registry
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.executor.service import ExecutorService
-from conveyor.health import HealthServer
+from conveyor.service.health import HealthServer
 from conveyor.store.db import (
     IDLE_IN_TRANSACTION,
     check_pool_url,

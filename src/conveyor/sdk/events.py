@@ -7,7 +7,7 @@ Emit inside your own transaction, as you request executions: the event exists (a
 executors hear of it) if and only if your transaction commits.
 
     import psycopg
-    from conveyor.sdk_events import emit_event
+    from conveyor.sdk.events import emit_event
 
     with psycopg.connect(url) as conn:
         conn.execute("INSERT INTO deploys ...")
@@ -28,10 +28,10 @@ from psycopg import pq, sql
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
 from conveyor.domain import events as ev
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 
 
 @contextmanager

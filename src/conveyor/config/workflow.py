@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from conveyor.config_connections import Section
+from conveyor.config.connections import Section
 
 
 class WorkflowBounds(Section):

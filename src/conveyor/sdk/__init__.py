@@ -23,23 +23,25 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from conveyor import verbs
-from conveyor.config_connections import VERB_RETRIES
+from conveyor.config.connections import VERB_RETRIES
 from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
-from conveyor.sdk_events import EventMethods
-from conveyor.sdk_output import OutputMethods
-from conveyor.sdk_rules import RuleMethods
-from conveyor.sdk_schedules import ScheduleMethods
-from conveyor.sdk_workflows import WorkflowMethods
+from conveyor.sdk.events import EventMethods
+from conveyor.sdk.output import OutputMethods
+from conveyor.sdk.rules import RuleMethods
+from conveyor.sdk.schedules import ScheduleMethods
+from conveyor.sdk.workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
+from conveyor.verbs import executions
+from conveyor.verbs.drive import run
 
-# Kept importable from here (the SDK's public names before conveyor.verbs existed).
+# Kept importable from here (the SDK's public names before conveyor.verbs.common existed).
 validate_parameters = verbs.validate_parameters
 valid_policy_target = verbs.valid_policy_target
 
@@ -317,15 +319,7 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, Output
         ``cancel_running`` cancels them. A deadlock with the executor is retried
         (``verb_retries``)."""
 
-        def attempt() -> dict[str, Any] | None:
-            with self.conn.transaction():
-                if policy is None:
-                    return self.conn.execute(Q["cancel_execution"], {"id": execution_id, "by": by}).fetchone()
-                with verbs.refusals():
-                    params = {"id": execution_id, "by": by, "policy": policy}
-                    return self.conn.execute(Q["cancel_workflow"], params).fetchone()
-
-        return verbs.cancelled(execution_id, verbs.retried(attempt, self.verb_retries, "cancel"))
+        return run(self.conn, lambda: executions.cancel(execution_id, by, policy), retries=self.verb_retries)
 
     # -- inquiries (see docs/inquiries.md) -------------------------------------------------
 

@@ -21,7 +21,7 @@ from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from conveyor.workflows._expr_core import FUNCTIONS, Evaluation, Refused, current
+from conveyor.expressions.core import FUNCTIONS, Evaluation, Refused, current
 
 # Filters and str methods whose integer argument is a size to allocate.
 _WIDTH_TAKERS: Final = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap"})

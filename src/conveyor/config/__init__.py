@@ -22,30 +22,30 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from conveyor.config_connections import (
+from conveyor.config.connections import (
     DatabaseSettings as DatabaseSettings,
 )
-from conveyor.config_connections import (
+from conveyor.config.connections import (
     DeadLetterSettings as DeadLetterSettings,
 )
-from conveyor.config_connections import (
+from conveyor.config.connections import (
     MessageQueueSettings as MessageQueueSettings,
 )
-from conveyor.config_connections import (
+from conveyor.config.connections import (
     RabbitMQSettings as RabbitMQSettings,
 )
-from conveyor.config_connections import Section as _Section
-from conveyor.config_documents import DocumentSettings
-from conveyor.config_embedded import EmbeddedSettings as EmbeddedSettings
-from conveyor.config_executor import ExecutorLivenessSettings as ExecutorLivenessSettings
-from conveyor.config_keys import (
+from conveyor.config.connections import Section as _Section
+from conveyor.config.documents import DocumentSettings
+from conveyor.config.embedded import EmbeddedSettings as EmbeddedSettings
+from conveyor.config.executor import ExecutorLivenessSettings as ExecutorLivenessSettings
+from conveyor.config.keys import (
     ENV_PREFIX,
     KeyChecker,
     canonicalize,
     check_unknown,
     env_path,
 )
-from conveyor.config_workflow import WorkflowBounds
+from conveyor.config.workflow import WorkflowBounds
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT

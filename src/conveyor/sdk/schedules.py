@@ -16,9 +16,9 @@ from typing import Any
 
 import psycopg
 
-from conveyor import schedule_verbs as sv
-from conveyor import verbs
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
+from conveyor.verbs import schedules as sv
 
 
 class ScheduleMethods:

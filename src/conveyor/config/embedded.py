@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from conveyor.config_connections import Section
+from conveyor.config.connections import Section
 
 
 class EmbeddedSettings(Section):

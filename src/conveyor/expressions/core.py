@@ -1,6 +1,6 @@
 """What both expression engines share: the scope, the error, the bounds, the functions.
 
-Private to :mod:`conveyor.workflows.expressions` (import from there). The functions read the
+Private to :mod:`conveyor.expressions` (import from there). The functions read the
 evaluation in progress from a context variable rather than from their arguments, so each
 engine registers them once (not once per evaluation: a ``with`` of 10,000 items evaluates
 its input 10,000 times).

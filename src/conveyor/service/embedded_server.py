@@ -33,7 +33,7 @@ import structlog
 from conveyor.config import Settings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.restarts import RestartPolicy, restart_delay
-from conveyor.embedded import DATABASE, OWNERS, Owner, data_dir, live_owners, process_alive, quiet_import
+from conveyor.service.embedded import DATABASE, OWNERS, Owner, data_dir, live_owners, process_alive, quiet_import
 
 log = structlog.get_logger(__name__)
 

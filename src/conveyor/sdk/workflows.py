@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import psycopg
 
-from conveyor import verbs
 from conveyor.domain.documents import Limits
 from conveyor.store.queries import Q
+from conveyor.verbs import common as verbs
 from conveyor.workflows.registration import Definition, prepare
 from conveyor.workflows.spec import WorkflowSpec
 

@@ -24,8 +24,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from conveyor.workflows import _expr_jinja, _expr_yaql
-from conveyor.workflows._expr_core import (
+from conveyor.expressions import jinja as _expr_jinja
+from conveyor.expressions import yaql as _expr_yaql
+from conveyor.expressions.core import (
     CURRENT,
     DEFAULT_LIMITS,
     MISSING,

@@ -32,7 +32,7 @@ from yaql.language import (  # type: ignore[import-untyped]
 )
 from yaql.standard_library import queries  # type: ignore[import-untyped]
 
-from conveyor.workflows._expr_core import FUNCTIONS, Evaluation, Refused, current
+from conveyor.expressions.core import FUNCTIONS, Evaluation, Refused, current
 
 # A ``with`` of 10,000 items must work; ten times that is the largest collection allowed.
 MAX_ITEMS: Final = 100_000

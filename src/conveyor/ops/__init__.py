@@ -1,0 +1,1 @@
+"""What operators see and tests steer: metrics, logs, crash points."""

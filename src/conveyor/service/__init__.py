@@ -1,0 +1,1 @@
+"""Composition: the processes (app), their health endpoint and the embedded PostgreSQL."""
