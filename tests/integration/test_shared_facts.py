@@ -3,7 +3,11 @@ definition and the SQL one are compared here, so neither can change alone."""
 
 from __future__ import annotations
 
+import re
+
 from conveyor.domain.status import TERMINAL, TERMINAL_ORDER
+from conveyor.store.db import channel, connect_sync, listen_statement
+from conveyor.store.wakeups import WAKES, Topic
 from integration.builders import Conn
 
 
@@ -20,3 +24,39 @@ def test_terminal_statuses_fold_to_a_constant(conn: Conn) -> None:
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
     assert "terminal_statuses" not in text
     assert "{completed,failed,timeout,cancelled,abandoned}" in text
+
+
+def _sources(conn: Conn) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT p.proname, p.prosrc FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace"
+    ).fetchall()
+    return {r["proname"]: r["prosrc"] for r in rows}
+
+
+def test_every_channel_the_sql_notifies_is_a_topic_and_back(conn: Conn) -> None:
+    notified = {
+        m.group(1)
+        for src in _sources(conn).values()
+        for m in re.finditer(r"pg_notify\(current_schema\(\) \|\| '\.(\w+)", src)
+    }
+    assert notified == {t.value for t in Topic}
+
+
+def test_wake_takes_the_topics_named_in_python_and_rings_their_channels(conn: Conn) -> None:
+    sources = _sources(conn)
+    branches = re.split(r"\b(?:ELS)?IF topic = '(\w+)' THEN", sources["wake"].split("ELSE\n        RAISE")[0])[1:]
+    rung = {topic: set(re.findall(r"pg_notify\(current_schema\(\) \|\| '\.(\w+)", body))
+            for topic, body in zip(branches[::2], branches[1::2], strict=True)}  # fmt: skip
+    assert rung == {topic: {channel.value} for topic, channel in WAKES.items()}
+    called = {m.group(1) for src in sources.values() for m in re.finditer(r"\bwake\('(\w+)'", src)}
+    assert called <= set(WAKES)
+
+
+def test_a_channel_name_is_the_one_the_sql_notifies(db_url: str) -> None:
+    with connect_sync(db_url, "conveyor", autocommit=True) as listener:
+        expected = [channel("conveyor", Topic.EVENT), channel("conveyor", Topic.WORKER, 7)]
+        for name in expected:
+            listener.execute(listen_statement(name))
+        listener.execute("SELECT wake('event'), wake('worker', '{}', '{7}')")
+        heard = [n.channel for n in listener.notifies(timeout=5, stop_after=2)]
+    assert heard == expected
