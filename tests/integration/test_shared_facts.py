@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import re
 
-from conveyor.domain.status import TERMINAL, TERMINAL_ORDER
+from conveyor.domain.placement import free_capacity
+from conveyor.domain.status import ON_WORKER, TERMINAL, TERMINAL_ORDER
+from conveyor.domain.status import ExecutionStatus as S
 from conveyor.store.db import channel, connect_sync, listen_statement
+from conveyor.store.queries import Q
+from conveyor.store.rows import LiveWorker
 from conveyor.store.wakeups import WAKES, Topic
-from integration.builders import Conn
+from integration.builders import Conn, add_worker
 
 
 def test_the_terminal_statuses_are_the_same_in_sql(conn: Conn) -> None:
@@ -60,3 +64,33 @@ def test_a_channel_name_is_the_one_the_sql_notifies(db_url: str) -> None:
         listener.execute("SELECT wake('event'), wake('worker', '{}', '{7}')")
         heard = [n.channel for n in listener.notifies(timeout=5, stop_after=2)]
     assert heard == expected
+
+
+def test_the_statuses_on_a_worker_are_the_same_in_sql(conn: Conn) -> None:
+    row = conn.execute("SELECT on_worker_statuses() AS statuses").fetchone()
+    assert row is not None
+    assert set(row["statuses"]) == ON_WORKER
+
+
+def test_a_workers_load_and_free_capacity_are_one_count(conn: Conn) -> None:
+    w = add_worker(conn, "w-load", capacity=3)
+    conn.execute("UPDATE worker SET capabilities = '{\"prefetch\": 2}' WHERE id = %s", (w,))
+    placed = {}
+    for target in (S.SCHEDULED, S.RUNNING, S.CANCELING, S.COMPLETED, S.REQUESTED):
+        eid = int(conn.execute("INSERT INTO execution (action_ref) VALUES ('core.noop') RETURNING id").fetchone()["id"])
+        path = {S.SCHEDULED: [S.SCHEDULING, S.SCHEDULED], S.RUNNING: [S.SCHEDULING, S.SCHEDULED, S.RUNNING],
+                S.CANCELING: [S.SCHEDULING, S.SCHEDULED, S.RUNNING, S.CANCELING],
+                S.COMPLETED: [S.SCHEDULING, S.SCHEDULED, S.RUNNING, S.COMPLETED], S.REQUESTED: []}[target]  # fmt: skip
+        for step in path:
+            conn.execute(
+                "UPDATE execution SET status = %s, worker = CASE WHEN %s = 'scheduled' THEN %s ELSE worker END,"
+                " ended = CASE WHEN %s = 'completed' THEN now() END WHERE id = %s",
+                (step, step, w, step, eid),
+            )
+        placed[eid] = target
+    expected = sum(1 for s in placed.values() if s in ON_WORKER)
+    assert expected == 3
+    live = [LiveWorker(**r) for r in conn.execute(Q["live_workers"]).fetchall() if r["id"] == w]
+    listed = [r for r in conn.execute(Q["list_workers"]).fetchall() if r["id"] == w]
+    assert [x.load for x in live] == [r["load"] for r in listed] == [expected]
+    assert live[0].free == live[0].candidate().free == free_capacity(3, 2, expected) == 2

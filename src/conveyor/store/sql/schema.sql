@@ -993,8 +993,8 @@ BEGIN
                WHERE a.status = ANY(terminal_statuses())
                  AND b.status <> ALL(terminal_statuses())),
            array_agg(b.worker) FILTER (
-               WHERE b.worker IS NOT NULL AND b.status IN ('scheduled', 'running', 'canceling')
-                 AND (a.status NOT IN ('scheduled', 'running', 'canceling') OR a.worker IS DISTINCT FROM b.worker)),
+               WHERE b.worker IS NOT NULL AND b.status = ANY(on_worker_statuses())
+                 AND (a.status <> ALL(on_worker_statuses()) OR a.worker IS DISTINCT FROM b.worker)),
            array_agg(a.id) FILTER (
                WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
                  AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
@@ -1344,6 +1344,12 @@ CREATE FUNCTION conveyor.json_type_matches(value jsonb, expected text) RETURNS b
         WHEN 'number' THEN jsonb_typeof(value) = 'number'
         ELSE jsonb_typeof(value) = expected
     END
+$$;
+
+CREATE FUNCTION conveyor.on_worker_statuses() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT ARRAY['scheduled', 'running', 'canceling']
 $$;
 
 CREATE FUNCTION conveyor.outbox_wake() RETURNS trigger
@@ -2702,6 +2708,14 @@ CREATE FUNCTION conveyor.wake_payload(ids bigint[]) RETURNS text
     AS $$
     SELECT CASE WHEN length(p) > 7900 THEN '' ELSE p END
     FROM (SELECT coalesce(array_to_string(ids, ','), '') AS p) s
+$$;
+
+CREATE FUNCTION conveyor.worker_load(worker_id bigint) RETURNS integer
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT count(*)::int FROM execution e
+    WHERE e.worker = worker_load.worker_id AND e.status = ANY(on_worker_statuses())
 $$;
 
 CREATE FUNCTION conveyor.worker_lock_class() RETURNS integer

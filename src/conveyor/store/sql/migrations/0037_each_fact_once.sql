@@ -5,13 +5,32 @@
 -- a plain IMMUTABLE SQL function without SET: the planner inlines it and folds it to the
 -- constant array, so `status = ANY(terminal_statuses())` plans exactly as the IN list did
 -- (the (status, updated) index's ScalarArrayOp scans included). The order is the one
--- messages list them in.
+-- messages list them in. Likewise the statuses in which an execution is on its worker, and
+-- a worker's load (read by the scheduler's live_workers and the workers' list alike).
 -- The functions below are the previous definitions with only the list replaced: the same
 -- signatures and answers, so the code of version 36 runs unchanged on this schema.
 
 CREATE FUNCTION terminal_statuses() RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ARRAY['completed', 'failed', 'timeout', 'cancelled', 'abandoned']
+$$;
+
+-- The statuses in which an execution is on its worker (conveyor.domain.status.ON_WORKER):
+-- placed there and not yet ended. The partial index execution_on_worker_idx keeps its own
+-- literal predicate (an index's predicate cannot call a function); this folds to the same
+-- array, so the planner still proves the index usable.
+CREATE FUNCTION on_worker_statuses() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ARRAY['scheduled', 'running', 'canceling']
+$$;
+
+-- A worker's load: the executions on it (prefetched or running). Its free capacity is
+-- capacity + prefetch - load, computed in one place, conveyor.domain.placement.Candidate,
+-- from the rows live_workers and list_workers read with this function.
+CREATE FUNCTION worker_load(worker_id bigint) RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = conveyor AS $$
+    SELECT count(*)::int FROM execution e
+    WHERE e.worker = worker_load.worker_id AND e.status = ANY(on_worker_statuses())
 $$;
 
 CREATE OR REPLACE FUNCTION admission_on_change() RETURNS trigger
@@ -190,8 +209,8 @@ BEGIN
                WHERE a.status = ANY(terminal_statuses())
                  AND b.status <> ALL(terminal_statuses())),
            array_agg(b.worker) FILTER (
-               WHERE b.worker IS NOT NULL AND b.status IN ('scheduled', 'running', 'canceling')
-                 AND (a.status NOT IN ('scheduled', 'running', 'canceling') OR a.worker IS DISTINCT FROM b.worker)),
+               WHERE b.worker IS NOT NULL AND b.status = ANY(on_worker_statuses())
+                 AND (a.status <> ALL(on_worker_statuses()) OR a.worker IS DISTINCT FROM b.worker)),
            array_agg(a.id) FILTER (
                WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
                  AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),

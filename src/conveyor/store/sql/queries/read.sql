@@ -13,8 +13,7 @@ FROM execution_attempt WHERE execution = %(id)s ORDER BY attempt;
 
 -- name: list_workers
 SELECT w.id, w.name, w.worker_role, w.status, w.runtimes, w.capacity,
-       (SELECT count(*) FROM execution e
-        WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load,
+       worker_load(w.id) AS load,
        w.host, w.pid, w.last_heartbeat,
        extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
        w.created, w.updated, w.cordoned, w.stale_after, w.inactive_reason, w.inactive_since,
