@@ -10,13 +10,13 @@ from typing import Any
 import psycopg
 
 from acceptance.helpers import Proc, Procs, until
+from conveyor.domain.status import TERMINAL as TERMINAL
 from conveyor.sdk import request_execution
 from conveyor.store.queries import Q
 
 Conn = psycopg.Connection[dict[str, Any]]
 
 NOT_PICKED_UP = "Execution timeout: worker did not pick up task within timeout"
-TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
 
 # Staleness is 3 s (heartbeat 1 s x 3); sweeps and polls are frequent.
 RECOVERY_SETTINGS = {

@@ -24,6 +24,7 @@ from acceptance.helpers import (
     processes_with_argv,
     stays,
 )
+from conveyor.domain.status import TERMINAL
 
 pytestmark = pytest.mark.acceptance
 
@@ -46,11 +47,9 @@ def _request(procs: Procs, *args: str) -> int:
 
 
 def _terminal(procs: Procs, execution_id: int, timeout: float = 20) -> dict[str, Any]:
-    terminal = {"completed", "failed", "timeout", "cancelled", "abandoned"}
-
     def done() -> dict[str, Any] | None:
         e = _execution(procs, execution_id)
-        return e if e["status"] in terminal else None
+        return e if e["status"] in TERMINAL else None
 
     return eventually(done, timeout, interval=0.1, message=procs.logs)
 

@@ -30,12 +30,12 @@ from psycopg.rows import dict_row
 from acceptance.helpers import Proc, Procs, conveyor_env, describe, eventually, run_cli, stays
 from acceptance.netns import Forwarder
 from acceptance.pg import PrivatePostgres
+from conveyor.domain.status import TERMINAL
 from conveyor.sdk import request_execution
 
 pytestmark = pytest.mark.acceptance
 
 SCHEMA = "conveyor"
-TERMINAL = {"completed", "failed", "timeout", "cancelled", "abandoned"}
 # Heartbeat 5 s: the threshold is 15 s and a worker stops its work on its own after 10 s
 # without a heartbeat; every outage below is well within that. Quick sweeps, so that an
 # executor that wrongly took a missing lock for a dead worker would act at once.

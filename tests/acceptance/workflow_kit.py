@@ -17,11 +17,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from acceptance.helpers import Proc, Procs, eventually
+from conveyor.domain.status import TERMINAL
 from conveyor.sdk import request_execution
 from conveyor.workflows.parse import parse_workflow
 
 Conn = psycopg.Connection[dict[str, Any]]
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
 SIGKILLED = -9
 
 # t0 -> t1 -> t2, each publishing what it echoed: the output proves the order.

@@ -23,10 +23,11 @@ from typing import Any
 
 import psycopg
 
+from conveyor.domain.status import TERMINAL
+
 from . import workflows
 from .actions import POLICIES
 
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
 SHOW = 8  # rows shown per failed check
 Conn = psycopg.Connection[dict[str, Any]]
 

@@ -37,7 +37,6 @@ from .fleet import Fleet
 from .load import Canceller, Submitter
 
 TESTS = Path(__file__).resolve().parent.parent
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
 
 # Heartbeat 1 s (FAST_SETTINGS): staleness 3 s, self-fencing after 2 s. Quick sweeps;
 # a claim stranded by a dead executor is reclaimed after 5 s; dispatches expire (dead
@@ -356,7 +355,7 @@ def run_chaos(config: ChaosConfig, progress: Callable[[str], None] = print) -> C
 
         def all_terminal() -> bool:
             with connect(db_url) as conn:
-                return _one(conn, f"SELECT count(*) AS n FROM execution WHERE status NOT IN {TERMINAL}") == 0
+                return _one(conn, "SELECT count(*) AS n FROM execution WHERE status <> ALL(terminal_statuses())") == 0
 
         terminal_in_time = _wait(all_terminal, config.settle_timeout, 0.5)
         terminal_at = time.time()

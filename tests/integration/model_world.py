@@ -16,6 +16,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings, WorkerSettings
+from conveyor.domain.status import ON_WORKER as ON_WORKER
+from conveyor.domain.status import TERMINAL as TERMINAL
 from conveyor.executor.scheduler import Scheduler
 from conveyor.sdk import Client
 from conveyor.transport.postgres import PostgresTransport
@@ -27,8 +29,6 @@ Row = dict[str, Any]
 T = TypeVar("T")
 
 SCHEMA = "conveyor"
-TERMINAL = frozenset({"completed", "failed", "cancelled", "timeout", "abandoned"})
-ON_WORKER = frozenset({"scheduled", "running", "canceling"})
 PYTHON_ACTIONS = ("core.echo", "core.noop", "core.sleep")
 WORKER_NAMES = ("w1", "w2", "w3")
 MAX_EXECUTIONS = 40  # per example: bounds the run time and the drain at teardown

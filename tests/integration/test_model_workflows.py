@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from psycopg.types.json import Jsonb
 
+from conveyor.domain.status import TERMINAL
 from conveyor.executor.workflows import Advancer
 from conveyor.sdk import request_execution
 from conveyor.store.db import connect_sync, make_pool
@@ -38,7 +39,6 @@ from integration.builders import Conn, Pool, scheduler
 from integration.workflows.kit import end
 
 SCHEMA = "conveyor"
-TERMINAL = ("completed", "failed", "timeout", "cancelled", "abandoned")
 ENDS = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
 
 SOURCES = {

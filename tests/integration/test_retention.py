@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
+from conveyor.domain.status import TERMINAL_ORDER
 from conveyor.executor.service import ExecutorService
 from conveyor.ops.metrics import EXECUTIONS_PURGED
 from conveyor.store.db import connect_sync
@@ -73,7 +74,7 @@ def purge(conn: Conn, days: float = 30, statuses: list[str] | None = None, batch
 
 
 def test_old_finished_executions_go_with_what_follows_them(conn: Conn) -> None:
-    old = [finished(conn, s) for s in ("completed", "failed", "timeout", "cancelled", "abandoned")]
+    old = [finished(conn, s) for s in TERMINAL_ORDER]
     for eid in old:
         followers(conn, eid)
     young = finished(conn, "completed", days=1)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conveyor.actions.registry import AdmissionPolicy
+from conveyor.api.from_domain import model_of
 from conveyor.domain.delays import MAX_DELAY, DelayError, check_delay, parse_duration
+from conveyor.domain.models import Attempt, Execution, ExecutionSummary
 
 
 class ExecutionRequest(BaseModel):
@@ -65,17 +67,6 @@ class ExecutionRequest(BaseModel):
         return self
 
 
-class AttemptOut(BaseModel):
-    attempt: int
-    worker: int | None
-    worker_name: str | None
-    scheduled: datetime | None
-    started: datetime | None
-    ended: datetime | None
-    outcome: str | None
-    error: str | None
-
-
 class AdmissionOut(BaseModel):
     """Where an execution stands in admission while a policy holds it."""
 
@@ -87,59 +78,34 @@ class AdmissionOut(BaseModel):
     ahead: int = Field(..., description="waiting: requests of its group before it (0 when holding)")
 
 
-class ExecutionOut(BaseModel):
-    id: int
-    action_ref: str
-    parameters: dict[str, Any]
-    status: str
-    result: Any = None
-    worker: int | None
-    worker_name: str | None
-    executor: str | None
-    parent: int | None
-    enforcement: int | None
-    attempt: int
-    created: datetime
-    updated: datetime
-    scheduled: datetime | None
-    started: datetime | None
-    ended: datetime | None
-    cancelled_by: str | None = Field(None, description="who asked for its cancellation, if anyone did")
-    requested_by: str | None = Field(None, description="who requested it (a token's name, a CLI user), if known")
-    not_before: datetime | None = Field(
-        None, description="requested: not placed before this time (a delay or a retry's backoff)"
+# The execution record, as conveyor.domain.models has it (the one list of its fields); the
+# API shows its status as text, its result and attempts as optional, and where admission
+# holds it.
+if TYPE_CHECKING:
+    # Fields made at run time are not the type checker's to see: to it these are plain
+    # models (only ever response models, never read as objects).
+    class AttemptOut(BaseModel): ...
+
+    class ExecutionOut(BaseModel): ...
+
+    class ExecutionSummaryOut(BaseModel): ...
+
+else:
+    AttemptOut = model_of(Attempt, "AttemptOut")
+    ExecutionOut = model_of(
+        Execution,
+        "ExecutionOut",
+        types={"status": str, "attempts": list[AttemptOut] | None},
+        defaults={"result": None, "attempts": None},
+        extra={"admission": (AdmissionOut | None, Field(None, description="set while an admission policy holds it"))},
     )
-    attempts: list[AttemptOut] | None = None
-    admission: AdmissionOut | None = Field(None, description="set while an admission policy holds it")
-
-
-class ExecutionSummaryOut(BaseModel):
-    """An execution in a list: its parameters and result can be megabytes each, so a
-    summary carries a preview and sizes; ``GET /api/v1/executions/{id}`` has them in full."""
-
-    id: int
-    action_ref: str
-    status: str
-    worker: int | None
-    worker_name: str | None
-    executor: str | None
-    parent: int | None
-    enforcement: int | None
-    attempt: int
-    created: datetime
-    updated: datetime
-    scheduled: datetime | None
-    started: datetime | None
-    ended: datetime | None
-    parameters_preview: str = Field(..., description="the first 200 characters of the parameters' JSON text")
-    parameters_truncated: bool = Field(..., description="the parameters' JSON text is longer than the preview")
-    parameters_size: int = Field(..., description="bytes the parameters take as stored (compressed)")
-    result_summary: dict[str, Any] | None = Field(
-        None, description="the result without stdout, stderr and data (error cut to 300 characters)"
-    )
-    result_size: int | None = Field(None, description="bytes the result takes as stored (compressed); null: none yet")
-    not_before: datetime | None = Field(
-        None, description="requested: not placed before this time (a delay or a retry's backoff)"
+    ExecutionSummaryOut = model_of(
+        ExecutionSummary,
+        "ExecutionSummaryOut",
+        types={"status": str},
+        defaults={"result_summary": None, "result_size": None},
+        doc="""An execution in a list: its parameters and result can be megabytes each, so a
+        summary carries a preview and sizes; ``GET /api/v1/executions/{id}`` has them in full.""",
     )
 
 

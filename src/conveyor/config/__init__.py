@@ -47,7 +47,7 @@ from conveyor.config.keys import (
 )
 from conveyor.config.workflow import WorkflowBounds
 from conveyor.domain.errors import ConveyorError
-from conveyor.domain.retention import retention_seconds
+from conveyor.domain.retention import FINISHED, retention_seconds
 from conveyor.domain.storable import OUTPUT_LIMIT
 
 
@@ -239,7 +239,8 @@ class RetentionSettings(_Section):
 
     def policy(self) -> dict[str, float]:
         """Seconds kept, by finished status, for the statuses that are purged at all."""
-        kept = {s: getattr(self, s) for s in ("completed", "cancelled", "failed", "timeout", "abandoned")}
+        # The fields named after a finished status, in their declared order (the purge's).
+        kept = {s: getattr(self, s) for s in type(self).model_fields if s in FINISHED}
         return {status: seconds for status, seconds in kept.items() if seconds is not None}
 
 

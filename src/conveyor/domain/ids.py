@@ -18,8 +18,10 @@ def is_id(value: object) -> bool:
 
 def parse_id(text: str) -> int | None:
     """``text`` as an id, or None: ASCII digits only (``"²".isdigit()`` is true and
-    ``int()`` refuses it), within 1..MAX_ID."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 20:
+    ``int()`` refuses it), within 1..MAX_ID. Leading zeros are allowed ("007" is 7); past
+    them, more than 20 digits is out of range without asking ``int()`` (which refuses over
+    4300 digits)."""
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > 20:
         return None
     value = int(text)
     return value if 1 <= value <= MAX_ID else None

@@ -12,6 +12,14 @@ from conveyor.domain.status import ExecutionStatus
 JSON = Any
 
 
+def _doc(description: str) -> dict[str, str]:
+    """A field's description, as the API's document gives it (``api.from_domain``)."""
+    return {"description": description}
+
+
+_NOT_BEFORE = "requested: not placed before this time (a delay or a retry's backoff)"
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     attempt: int
@@ -42,9 +50,12 @@ class Execution:
     scheduled: datetime | None
     started: datetime | None
     ended: datetime | None
-    cancelled_by: str | None = None  # who asked for its cancellation (execution.cancelled_by)
-    requested_by: str | None = None  # who requested it (execution.requested_by), if known
-    not_before: datetime | None = None  # requested and waiting until then (a delay, a retry's backoff)
+    # The descriptions are the API document's (conveyor.api.from_domain derives its models).
+    cancelled_by: str | None = field(default=None, metadata=_doc("who asked for its cancellation, if anyone did"))
+    requested_by: str | None = field(
+        default=None, metadata=_doc("who requested it (a token's name, a CLI user), if known")
+    )
+    not_before: datetime | None = field(default=None, metadata=_doc(_NOT_BEFORE))
     attempts: tuple[Attempt, ...] = field(default=())
 
 
@@ -72,12 +83,14 @@ class ExecutionSummary:
     scheduled: datetime | None
     started: datetime | None
     ended: datetime | None
-    parameters_preview: str  # the first PREVIEW characters of their JSON text
-    parameters_truncated: bool  # ... and there is more
-    parameters_size: int  # bytes as stored (compressed)
-    result_summary: dict[str, JSON] | None  # the result without stdout, stderr and data
-    result_size: int | None  # bytes as stored (compressed); None: no result yet
-    not_before: datetime | None = None  # requested and waiting until then (a delay, a retry's backoff)
+    parameters_preview: str = field(metadata=_doc(f"the first {PREVIEW} characters of the parameters' JSON text"))
+    parameters_truncated: bool = field(metadata=_doc("the parameters' JSON text is longer than the preview"))
+    parameters_size: int = field(metadata=_doc("bytes the parameters take as stored (compressed)"))
+    result_summary: dict[str, JSON] | None = field(
+        metadata=_doc(f"the result without stdout, stderr and data (error cut to {ERROR_PREVIEW} characters)")
+    )
+    result_size: int | None = field(metadata=_doc("bytes the result takes as stored (compressed); null: none yet"))
+    not_before: datetime | None = field(default=None, metadata=_doc(_NOT_BEFORE))
 
 
 def summary_fields(row: Mapping[str, Any]) -> dict[str, Any]:

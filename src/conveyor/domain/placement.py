@@ -6,6 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
+def free_capacity(capacity: int, prefetch: int, load: int) -> int:
+    """A worker's room for more executions, the one computation of it: its slots and its
+    prefetch, less its load (the executions on it: SQL ``worker_load()``, migration 0037).
+    Negative when a worker's capacity or prefetch shrank below its load."""
+    return capacity + prefetch - load
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     id: int
@@ -37,7 +44,7 @@ class Candidate:
 
     @property
     def free(self) -> int:
-        return self.capacity + self.prefetch - self.load
+        return free_capacity(self.capacity, self.prefetch, self.load)
 
 
 @dataclass(slots=True)

@@ -10,9 +10,10 @@ from typing import Any
 
 from conveyor.domain.delays import DelayError, check_seconds
 from conveyor.domain.errors import ConveyorError
+from conveyor.domain.status import TERMINAL_ORDER
 
 # What a purge may take: finished executions only (the status graph's terminal ones).
-FINISHED = ("completed", "failed", "timeout", "cancelled", "abandoned")
+FINISHED: tuple[str, ...] = tuple(s.value for s in TERMINAL_ORDER)
 # "Keep for good" in a setting: YAML null, or one of these words (an environment variable
 # cannot say null).
 KEEP_FOREVER = frozenset({"", "off", "none", "null", "never", "forever"})

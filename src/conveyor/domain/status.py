@@ -3,7 +3,9 @@
 The graph is written down here. Migration 0001 stores the same edges in the
 ``execution_transition`` table, which a trigger consults on every UPDATE, so the
 database refuses an illegal transition whatever code path attempts it; a unit
-test asserts the two agree.
+test asserts the two agree. The terminal statuses are the SQL function
+``terminal_statuses()`` on the database's side (migration 0037), which every query and
+function asking "has it ended?" uses; a test asserts it equals ``TERMINAL_ORDER``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class InactiveReason(StrEnum):
 
 S = ExecutionStatus
 
-TERMINAL: frozenset[ExecutionStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.ABANDONED})
+# In the order messages list them (a purge's refusal, retention's settings).
+TERMINAL_ORDER: tuple[ExecutionStatus, ...] = (S.COMPLETED, S.FAILED, S.TIMEOUT, S.CANCELLED, S.ABANDONED)
+TERMINAL: frozenset[ExecutionStatus] = frozenset(TERMINAL_ORDER)
 
 # Back-edges to REQUESTED: a claim handed back (no capacity, stale claim reclaimed),
 # a dispatch lost before start, a worker lost mid-run with a retry allowed.

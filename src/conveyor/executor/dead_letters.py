@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.domain.dead_letters import Resolution
+from conveyor.domain.ids import MAX_ID
 from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
 from conveyor.domain.status import ExecutionStatus
 from conveyor.ops.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
@@ -92,7 +93,7 @@ class DeadLetterHandler:
             ids = inner.get("execution_ids")
             execution = inner.get("execution_id") or (ids[0] if isinstance(ids, list) and len(ids) == 1 else None)
             attempt, worker = inner.get("attempt"), inner.get("worker_id")
-        as_int = [v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**62 else None
+        as_int = [v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_ID else None
                   for v in (execution, attempt, worker)]  # fmt: skip
         return {
             "dedupe_key": dl.dedupe_key, "message_id": dl.message_id, "transport": dl.transport,
@@ -111,7 +112,7 @@ class DeadLetterHandler:
             dispatch = m.Dispatch.of(envelope)
         except m.InvalidMessageError as exc:
             return Resolution.INVALID, str(exc)
-        if dispatch.attempt >= 2**31 or dispatch.execution_id >= 2**62 or dispatch.worker_id >= 2**62:
+        if dispatch.attempt >= 2**31 or dispatch.execution_id >= MAX_ID or dispatch.worker_id >= MAX_ID:
             return Resolution.INVALID, "execution.scheduled with out-of-range numbers"
         row = await (
             await conn.execute(

@@ -224,10 +224,11 @@ async def check_pooled_sessions(pool: AsyncConnectionPool[Any], schema: str) -> 
         )
 
 
-def channel(schema: str, name: str) -> str:
-    """NOTIFY channel names carry the schema so two installations in one database
-    do not wake each other."""
-    return f"{schema}.{name}"
+def channel(schema: str, topic: str, worker_id: int | None = None) -> str:
+    """The NOTIFY channel of a wake-up topic (``store.wakeups.Topic``), as the SQL's
+    ``wake()`` names it: the schema first, so two installations in one database do not
+    wake each other; a worker's own channel (``Topic.WORKER``) ends with its id."""
+    return f"{schema}.{topic}" if worker_id is None else f"{schema}.{topic}.{worker_id}"
 
 
 def listen_statement(channel_name: str) -> sql.Composed:

@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.actions.registry import ActionDefinition
 from conveyor.domain.outcome import AttemptEnd, Decision
-from conveyor.domain.placement import Candidate, Claim
+from conveyor.domain.placement import Candidate, Claim, free_capacity
 from conveyor.domain.status import ExecutionStatus
 
 
@@ -77,12 +77,12 @@ class LiveWorker:
     actions: list[str]
     capacity: int
     accepting: bool  # active and not cordoned: may be given work
-    load: int  # executions on it now (scheduled, running, canceling)
+    load: int  # executions on it now (worker_load(): scheduled, running, canceling)
     prefetch: int  # executions it takes beyond its slots (worker.prefetch)
 
     @property
     def free(self) -> int:
-        return self.capacity + self.prefetch - self.load
+        return free_capacity(self.capacity, self.prefetch, self.load)
 
     def candidate(self) -> Candidate:
         return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting,

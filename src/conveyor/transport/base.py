@@ -13,28 +13,18 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from contextlib import suppress
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 import structlog
+
+from conveyor.store.wakeups import Topic as Topic
 
 if TYPE_CHECKING:
     from conveyor.transport.messages import DeadLetter
 
 
 log = structlog.get_logger(__name__)
-
-
-class Topic(StrEnum):
-    REQUESTED = "requested"  # executions wait to be scheduled
-    CAPACITY = "capacity"  # a worker freed slots or joined
-    COMPLETED = "completed"  # executions reached a terminal state (payload: ids)
-    WORKER = "worker"  # work dispatched to one worker (qualified by its id)
-    OUTBOX = "outbox"  # internal: outbox rows await the relay (RabbitMQ transport)
-    WORKFLOW = "workflow"  # workflow executions have events to apply (a NOTIFY on both transports)
-    EVENT = "event"  # events wait for their rules (a NOTIFY on both transports)
-    SCHEDULE = "schedule"  # a schedule was created or changed (a NOTIFY on both transports)
 
 
 class Doorbell:

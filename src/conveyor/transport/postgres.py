@@ -12,7 +12,7 @@ import psycopg
 import structlog
 
 from conveyor.ops.metrics import transport_error
-from conveyor.store.db import RECONNECT_INTERVAL, conninfo_kwargs, listen_statement
+from conveyor.store.db import RECONNECT_INTERVAL, channel, conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -42,8 +42,8 @@ class PostgresTransport(Transport):
         if topic is Topic.WORKER:
             if worker_id is None:
                 raise ValueError("the worker topic needs a worker id")
-            return f"{self._schema}.worker.{worker_id}"
-        return f"{self._schema}.{topic.value}"
+            return channel(self._schema, topic, worker_id)
+        return channel(self._schema, topic)
 
     @property
     def has_subscriptions(self) -> bool:

@@ -124,7 +124,7 @@ class RabbitMQTransport(Transport):
                 raise ValueError("the worker topic needs a worker id")
             self._workers.add(worker_id)
             self._bells[m.Names.worker_key(worker_id)].append(bell)
-        elif topic in (Topic.OUTBOX, Topic.WORKFLOW, Topic.EVENT, Topic.SCHEDULE):
+        elif topic in (Topic.OUTBOX, Topic.WORKFLOW, Topic.EVENT, Topic.SCHEDULE, Topic.INQUIRY, Topic.OUTPUT):
             # Rung by a NOTIFY on both transports: heard through the PostgreSQL listener.
             self._pg.subscribe(topic, bell=bell)
         else:

@@ -8,12 +8,11 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import TERMINAL
 from conveyor.workflows.parse import parse_workflow
 from integration.builders import Conn, row
 from integration.workflows.kit import children, register, request
 from support.polling import until
-
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "abandoned")
 
 
 async def test_a_concurrency_one_policy_on_a_workflow_ref_queues_the_second(

@@ -7,12 +7,11 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import TERMINAL
 from conveyor.workflows.spec import InputSpec, RetrySpec, TaskSpec, Transition, WithItems, WorkflowSpec
 from integration.builders import Conn, row
 from integration.workflows.kit import children, register, request
 from support.polling import until
-
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "abandoned")
 
 
 async def ended(conn: Conn, eid: int) -> dict[str, Any]:

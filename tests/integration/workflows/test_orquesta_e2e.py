@@ -19,6 +19,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import TERMINAL
 from conveyor.store.queries import Q
 from conveyor.workflows.parse import parse_workflow
 from conveyor.workflows.validate import validate
@@ -26,7 +27,6 @@ from integration.builders import Conn, row
 from integration.workflows.kit import children, register, request
 from support.polling import until
 
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "abandoned")
 EXAMPLES = Path(__file__).parent / "orquesta"
 
 

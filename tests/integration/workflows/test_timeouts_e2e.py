@@ -8,12 +8,11 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import TERMINAL
 from conveyor.workflows.parse import parse_workflow
 from integration.builders import Conn, row
 from integration.workflows.kit import children, register, request
 from support.polling import until
-
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "abandoned")
 
 
 async def ended(conn: Conn, eid: int) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.domain.status import TERMINAL
 from conveyor.store.db import connect_sync
 from conveyor.workflows.spec import TaskSpec, Transition, WithItems, WorkflowSpec
 from integration.builders import Conn, row
 from integration.workflows.kit import children, register, request, wf_id
 from support.polling import until
 
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "abandoned")
 MAX_EXECUTIONS = 20
 MAX_TASKS = 10
 

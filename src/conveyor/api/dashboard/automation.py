@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from conveyor.api.dashboard.data import FINISHED, PAGE, NotFound, Shown, _choice, _id, _text
 from conveyor.api.dashboard.web import pretty
+from conveyor.domain.ids import parse_id
 from conveyor.domain.schedules import InvalidScheduleError
 from conveyor.store.queries import Q
 from conveyor.verbs.schedules import next_fire_times
@@ -65,9 +66,10 @@ class EnforcementFilters:
 
 def positive_id(raw: str, what: str) -> int:
     """A path's id, or NotFound (a 404) for anything that is not one."""
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 2**62:  # ("²".isdigit(): int() refuses it)
+    value = parse_id(raw)
+    if value is None:
         raise NotFound(f"no {what} {raw[:64]}")
-    return int(raw)
+    return value
 
 
 # -- events -----------------------------------------------------------------------------

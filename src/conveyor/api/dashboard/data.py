@@ -14,6 +14,7 @@ from conveyor.api.dashboard.listing import Search, admission_view, admission_wai
 from conveyor.api.dashboard.web import pretty
 from conveyor.api.dashboard.workflow_views import workflow_of
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
+from conveyor.domain.ids import parse_id
 from conveyor.domain.status import TERMINAL, ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
 from conveyor.store.queries import Q
@@ -23,7 +24,6 @@ FINISHED = {s.value for s in TERMINAL}
 PAGE = 50
 SHOWN = 64 * 1024  # characters of one text (output, value, parameters) an execution's page shows
 _SHOWN_APART = {"stdout", "stderr", "data", "error"}
-_MAX_ID = 2**62
 
 
 class NotFound(Exception):
@@ -39,8 +39,9 @@ def _id(params: Mapping[str, str], key: str, problems: list[str]) -> int | None:
     raw = params.get(key, "").strip()
     if not raw:
         return None
-    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= _MAX_ID:  # ("²".isdigit(), but int() refuses it)
-        return int(raw)
+    value = parse_id(raw)
+    if value is not None:
+        return value
     problems.append(f"{key} must be a positive integer")
     return None
 

@@ -19,6 +19,7 @@ from conveyor.api.dashboard import data, listing, worker_views, workflow_views
 from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, NotFound
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
+from conveyor.domain.ids import parse_id
 from conveyor.store.db import log_operational
 
 router = APIRouter()
@@ -116,9 +117,10 @@ async def executions_live(request: Request) -> Response:
 
 def _execution_loader(execution_id: str) -> Loader:
     async def load(conn: Any) -> dict[str, Any]:
-        if not (execution_id.isascii() and execution_id.isdigit()) or not 1 <= int(execution_id) <= 2**62:
+        eid = parse_id(execution_id)
+        if eid is None:
             raise NotFound(f"no execution {execution_id}")
-        return await data.execution(conn, int(execution_id))
+        return await data.execution(conn, eid)
 
     return load
 
@@ -217,9 +219,10 @@ async def inquiries_live(request: Request) -> Response:
 
 def _inquiry_loader(inquiry_id: str) -> Loader:
     async def load(conn: Any) -> dict[str, Any]:
-        if not (inquiry_id.isascii() and inquiry_id.isdigit()) or not 1 <= int(inquiry_id) <= 2**62:
+        iid = parse_id(inquiry_id)
+        if iid is None:
             raise NotFound(f"no inquiry {inquiry_id}")
-        return await data.inquiry(conn, int(inquiry_id))
+        return await data.inquiry(conn, iid)
 
     return load
 

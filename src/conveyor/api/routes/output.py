@@ -23,6 +23,7 @@ from conveyor.api.auth import Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, valid_id
 from conveyor.domain.errors import ExecutionNotFoundError
+from conveyor.domain.ids import MAX_ID
 from conveyor.domain.storable import output_text
 from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
@@ -73,7 +74,7 @@ async def output(
     execution_id: int,
     ctx: Ctx,
     _: Viewer,
-    after: Annotated[int, Query(ge=0, le=2**62, description="only chunks after this id")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_ID, description="only chunks after this id")] = 0,
     limit: Annotated[int, Query(ge=1, le=_PAGE)] = _PAGE,
 ) -> dict[str, Any]:
     """What the execution printed so far, in order, after the cursor ``after``; ``ended``:
@@ -89,7 +90,7 @@ async def output_stream(
     request: Request,
     ctx: Ctx,
     _: Viewer,
-    after: Annotated[int, Query(ge=0, le=2**62, description="only chunks after this id")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_ID, description="only chunks after this id")] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Server-sent events: an ``output`` event per chunk (its id is the chunk's, so a client
@@ -98,7 +99,7 @@ async def output_stream(
     every 15 s keeps proxies from closing a quiet stream."""
     eid = valid_id(execution_id)
     if last_event_id is not None and last_event_id.strip().isdigit():
-        after = max(after, min(int(last_event_id.strip()), 2**62))
+        after = max(after, min(int(last_event_id.strip()), MAX_ID))
     await _read(ctx, eid, after, 1)  # 404 now, not inside an open stream
     return StreamingResponse(_events(request, ctx, eid, after), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip

@@ -51,8 +51,8 @@ BEGIN
     END IF;
     SELECT array_agg(a.id) INTO ended_ids
     FROM after_rows a JOIN before_rows b USING (id)
-    WHERE a.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
-      AND b.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned');
+    WHERE a.status = ANY(terminal_statuses())
+      AND b.status <> ALL(terminal_statuses());
     IF ended_ids IS NULL THEN
         RETURN NULL;
     END IF;
@@ -374,7 +374,7 @@ BEGIN
             SELECT c.id, c.status FROM execution c WHERE c.parent = p_id
             UNION ALL
             SELECT c.id, c.status FROM tree t JOIN execution c ON c.parent = t.id
-            WHERE t.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+            WHERE t.status <> ALL(terminal_statuses())
         ), rows AS (
             SELECT w.id FROM workflow_execution w JOIN tree t ON w.execution = t.id
             ORDER BY w.id
@@ -391,7 +391,7 @@ BEGIN
             UNION ALL
             SELECT c.id, c.status, w.id, t.wid
             FROM tree t JOIN execution c ON c.parent = t.id LEFT JOIN workflow_execution w ON w.execution = c.id
-            WHERE t.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+            WHERE t.status <> ALL(terminal_statuses())
         ), locked AS (
             SELECT h.id FROM unnest(held) AS h(id)
         ), ready AS (
@@ -990,11 +990,11 @@ BEGIN
     END IF;
     SELECT coalesce(bool_or(a.status = 'requested' AND b.status <> 'requested'), false),
            array_agg(a.id) FILTER (
-               WHERE a.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
-                 AND b.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')),
+               WHERE a.status = ANY(terminal_statuses())
+                 AND b.status <> ALL(terminal_statuses())),
            array_agg(b.worker) FILTER (
-               WHERE b.worker IS NOT NULL AND b.status IN ('scheduled', 'running', 'canceling')
-                 AND (a.status NOT IN ('scheduled', 'running', 'canceling') OR a.worker IS DISTINCT FROM b.worker)),
+               WHERE b.worker IS NOT NULL AND b.status = ANY(on_worker_statuses())
+                 AND (a.status <> ALL(on_worker_statuses()) OR a.worker IS DISTINCT FROM b.worker)),
            array_agg(a.id) FILTER (
                WHERE a.status = 'scheduled' AND a.worker IS NOT NULL
                  AND (b.status <> 'scheduled' OR b.attempt <> a.attempt)),
@@ -1052,7 +1052,7 @@ BEGIN
     FOR d IN SELECT i.id, i.execution, i.on_timeout, i.ttl, e.status AS execution_status
              FROM inquiry i JOIN execution e ON e.id = i.execution
              WHERE i.status = 'pending'
-               AND (i.deadline <= now() OR e.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned'))
+               AND (i.deadline <= now() OR e.status = ANY(terminal_statuses()))
              ORDER BY i.id
              LIMIT p_limit
              FOR NO KEY UPDATE OF e SKIP LOCKED
@@ -1346,6 +1346,12 @@ CREATE FUNCTION conveyor.json_type_matches(value jsonb, expected text) RETURNS b
     END
 $$;
 
+CREATE FUNCTION conveyor.on_worker_statuses() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT ARRAY['scheduled', 'running', 'canceling']
+$$;
+
 CREATE FUNCTION conveyor.outbox_wake() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -1521,18 +1527,18 @@ CREATE FUNCTION conveyor.purge_blocked(root bigint) RETURNS boolean
         SELECT c.id FROM execution c JOIN tree t ON c.parent = t.id
     )
     SELECT EXISTS (SELECT 1 FROM tree t JOIN execution e ON e.id = t.id
-                   WHERE e.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+                   WHERE e.status <> ALL(terminal_statuses()))
         OR EXISTS (SELECT 1 FROM tree t JOIN dead_letter d ON d.execution = t.id WHERE d.resolution IS NULL)
         OR EXISTS (SELECT 1 FROM tree t
                    JOIN workflow_task_dispatch d ON d.execution = t.id
                    JOIN workflow_execution w ON w.id = d.workflow_execution
                    JOIN execution we ON we.id = w.execution
-                   WHERE we.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+                   WHERE we.status <> ALL(terminal_statuses()))
         OR EXISTS (SELECT 1 FROM tree t
                    JOIN workflow_execution w ON w.execution = t.id
                    JOIN workflow_execution r ON r.rerun_of = w.id
                    JOIN execution re ON re.id = r.execution
-                   WHERE re.status NOT IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned'))
+                   WHERE re.status <> ALL(terminal_statuses()))
 $$;
 
 CREATE FUNCTION conveyor.purge_cutoff(older_than interval) RETURNS timestamp with time zone
@@ -1608,7 +1614,7 @@ CREATE FUNCTION conveyor.purge_statuses(statuses text[]) RETURNS text[]
     SET search_path TO 'conveyor'
     AS $$
 DECLARE
-    finished CONSTANT text[] := ARRAY['completed', 'failed', 'timeout', 'cancelled', 'abandoned'];
+    finished CONSTANT text[] := terminal_statuses();
     bad text;
 BEGIN
     IF statuses IS NULL THEN
@@ -1616,7 +1622,7 @@ BEGIN
     END IF;
     SELECT string_agg(coalesce(s, 'NULL'), ', ') INTO bad FROM unnest(statuses) s WHERE s IS NULL OR s <> ALL(finished);
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'only finished executions can be purged (completed, failed, timeout, cancelled, abandoned), not %', bad
+        RAISE EXCEPTION 'only finished executions can be purged (%), not %', array_to_string(finished, ', '), bad
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN statuses;
@@ -2398,7 +2404,7 @@ CREATE FUNCTION conveyor.schedule_running(schedule_id bigint) RETURNS bigint
           WHERE ss.schedule = schedule_running.schedule_id AND ss.execution IS NOT NULL
           ORDER BY ss.slot DESC LIMIT 1) l
     JOIN execution e ON e.id = l.execution
-    WHERE e.status NOT IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned')
+    WHERE e.status <> ALL(terminal_statuses())
 $$;
 
 CREATE FUNCTION conveyor.schedule_wake() RETURNS trigger
@@ -2528,6 +2534,12 @@ BEGIN
         RETURN QUERY SELECT r.id, 'running'::text, NULL::text;
     END LOOP;
 END
+$$;
+
+CREATE FUNCTION conveyor.terminal_statuses() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT ARRAY['completed', 'failed', 'timeout', 'cancelled', 'abandoned']
 $$;
 
 CREATE FUNCTION conveyor.touch_updated() RETURNS trigger
@@ -2696,6 +2708,14 @@ CREATE FUNCTION conveyor.wake_payload(ids bigint[]) RETURNS text
     AS $$
     SELECT CASE WHEN length(p) > 7900 THEN '' ELSE p END
     FROM (SELECT coalesce(array_to_string(ids, ','), '') AS p) s
+$$;
+
+CREATE FUNCTION conveyor.worker_load(worker_id bigint) RETURNS integer
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path TO 'conveyor'
+    AS $$
+    SELECT count(*)::int FROM execution e
+    WHERE e.worker = worker_load.worker_id AND e.status = ANY(on_worker_statuses())
 $$;
 
 CREATE FUNCTION conveyor.worker_lock_class() RETURNS integer
@@ -3612,7 +3632,7 @@ CREATE TRIGGER worker_wake_changed AFTER UPDATE OF status, cordoned, capacity, p
 
 CREATE TRIGGER worker_wake_inserted AFTER INSERT ON conveyor.worker FOR EACH ROW WHEN (((new.status = 'active'::text) AND (NOT new.cordoned))) EXECUTE FUNCTION conveyor.worker_wake();
 
-CREATE TRIGGER workflow_child_ended AFTER UPDATE OF status ON conveyor.execution FOR EACH ROW WHEN (((new.parent IS NOT NULL) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'timeout'::text, 'abandoned'::text])))) EXECUTE FUNCTION conveyor.workflow_child_ended();
+CREATE TRIGGER workflow_child_ended AFTER UPDATE OF status ON conveyor.execution FOR EACH ROW WHEN (((new.parent IS NOT NULL) AND (new.status = ANY (conveyor.terminal_statuses())) AND (old.status <> ALL (conveyor.terminal_statuses())))) EXECUTE FUNCTION conveyor.workflow_child_ended();
 
 CREATE TRIGGER workflow_event_wake AFTER INSERT ON conveyor.workflow_event FOR EACH STATEMENT EXECUTE FUNCTION conveyor.workflow_event_wake();
 

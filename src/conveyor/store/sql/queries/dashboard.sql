@@ -6,7 +6,7 @@
 -- `started` from below: the (status, updated) index keeps both scans small.
 WITH finished AS (
     SELECT status FROM execution
-    WHERE status IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+    WHERE status = ANY(terminal_statuses())
       AND updated >= now() - interval '1 minute' AND ended >= now() - interval '1 minute'
 ), first_starts AS (
     SELECT extract(epoch FROM t.started - e.created)::float8 AS latency

@@ -9,7 +9,7 @@ FROM worker w
 CROSS JOIN LATERAL (
     SELECT e.id, e.action_ref, e.status, e.attempt, e.started, e.scheduled
     FROM execution e
-    WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling')
+    WHERE e.worker = w.id AND e.status = ANY(on_worker_statuses())
     ORDER BY e.id
     LIMIT %(limit)s
 ) r

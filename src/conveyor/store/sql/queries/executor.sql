@@ -99,8 +99,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.assign', 0))
 SELECT w.id, w.name, w.runtimes, w.actions, w.capacity,
        (w.status = 'active' AND NOT w.cordoned) AS accepting,
        coalesce((w.capabilities ->> 'prefetch')::int, 0) AS prefetch,
-       (SELECT count(*) FROM execution e
-        WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load
+       worker_load(w.id) AS load
 FROM worker w
 LEFT JOIN (
     SELECT l.objid FROM pg_locks l

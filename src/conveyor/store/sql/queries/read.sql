@@ -13,8 +13,7 @@ FROM execution_attempt WHERE execution = %(id)s ORDER BY attempt;
 
 -- name: list_workers
 SELECT w.id, w.name, w.worker_role, w.status, w.runtimes, w.capacity,
-       (SELECT count(*) FROM execution e
-        WHERE e.worker = w.id AND e.status IN ('scheduled', 'running', 'canceling'))::int AS load,
+       worker_load(w.id) AS load,
        w.host, w.pid, w.last_heartbeat,
        extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age,
        w.created, w.updated, w.cordoned, w.stale_after, w.inactive_reason, w.inactive_since,
@@ -37,7 +36,7 @@ FROM action WHERE ref = %(ref)s;
 -- index (a finished row is not updated again, so `updated` is its end).
 SELECT status, count(*)::bigint AS n FROM execution
 WHERE status IN ('requested', 'scheduling', 'scheduled', 'running', 'pending', 'paused', 'canceling')
-   OR (status IN ('completed', 'failed', 'timeout', 'cancelled', 'abandoned')
+   OR (status = ANY(terminal_statuses())
        AND updated >= now() - interval '1 hour')
 GROUP BY status ORDER BY status;
 
@@ -46,7 +45,7 @@ GROUP BY status ORDER BY status;
 -- all), in order, across its attempts, with whether it has ended (a reader following it
 -- stops once it has, and has read everything).
 SELECT o.id, o.attempt, o.stream, o.data, o.created,
-       e.status IN ('completed', 'failed', 'cancelled', 'timeout', 'abandoned') AS ended
+       e.status = ANY(terminal_statuses()) AS ended
 FROM execution e
 LEFT JOIN LATERAL (
     SELECT * FROM execution_output x
