@@ -23,12 +23,12 @@ from conveyor.executor.retention import DUTY as RETENTION_DUTY
 from conveyor.executor.retention import Retention
 from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
+from conveyor.executor.woken import DutyHealth, WokenDuty, run_woken, sleep_or_stop
 from conveyor.executor.workflows import Advancer
-from conveyor.ops.metrics import DUTY_FAILING, DUTY_FAILURES
 from conveyor.store.db import SESSION_ENDED, log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
-from conveyor.transport.base import Doorbell, Topic, Transport
+from conveyor.transport.base import Topic, Transport
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,7 @@ class ExecutorService:
                                      frozen_after=settings.executor_liveness.frozen_after)  # fmt: skip
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
-        self._duty_failures: dict[str, int] = {}  # consecutive failures (not outages) by duty
+        self._health = DutyHealth(settings.executor.duty_failures_before_unready)
         self._bell = transport.subscribe(Topic.REQUESTED)
         transport.subscribe(Topic.CAPACITY, bell=self._bell)
         self._workflow_bell = transport.subscribe(Topic.WORKFLOW)
@@ -119,19 +119,13 @@ class ExecutorService:
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(_ring_on(stop, self._bell), name="executor-stop-bell")
             tg.create_task(self._liveness.run(stop), name="executor-liveness")
+            for duty in self._woken_duties():
+                tg.create_task(run_woken(duty, stop, self._health), name=f"executor-{duty.name}")
             # Every replica, no duty lock: a frozen replica holding that lock must not hold this up.
             tg.create_task(self._every(stop, self.settings.executor_liveness.check_interval,
                                        self._release_gone_claims, shared=False),
                            name="executor-gone-claims")  # fmt: skip
-            tg.create_task(self._schedule_loop(stop), name="executor-schedule")
-            tg.create_task(_ring_on(stop, self._workflow_bell), name="executor-stop-workflow-bell")
-            tg.create_task(self._workflow_loop(stop), name="executor-workflows")
-            tg.create_task(_ring_on(stop, self._event_bell), name="executor-stop-event-bell")
-            tg.create_task(self._event_loop(stop), name="executor-events")
-            tg.create_task(_ring_on(stop, self._schedule_bell), name="executor-stop-schedule-bell")
-            tg.create_task(self._slots_loop(stop), name="executor-schedules")
             tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
                            name="executor-workflow-timeouts")  # fmt: skip
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
@@ -165,23 +159,50 @@ class ExecutorService:
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
 
-    async def _schedule_loop(self, stop: asyncio.Event) -> None:
-        poll = self.settings.executor.poll_interval
-        while not stop.is_set():
-            try:
-                # Shielded: a round that claimed rows always finishes placing them, so a
-                # shutdown never leaves claims behind.
-                result = await asyncio.shield(self._scheduler.run_round())
-            except SESSION_ENDED as exc:
-                log_operational(log, "scheduling round", exc)
-                await _sleep_or_stop(stop, poll)
-                continue
-            if result.more and result.dispatched + result.failed + result.asked == result.claimed:
-                continue  # a full batch placed whole: there may be more waiting
-            # Idle: sleep until the next wake-up, the poll, or the earliest delayed request
-            # (not_before), whichever comes first -- so it is placed at its time.
-            # (Already rung, by a wake-up during the round: no need to ask how long.)
-            await self._bell.wait(0.0 if self._bell.rung else await self._until_next_delayed(poll))
+    def _woken_duties(self) -> list[WokenDuty]:
+        """The duties woken by the transport, as data: executor/woken.py runs each."""
+        s = self.settings
+        return [
+            WokenDuty(
+                name="scheduling",
+                what="scheduling round",
+                bell=self._bell,
+                poll=s.executor.poll_interval,
+                run_pass=self._schedule_pass,
+                bug_is_fatal=True,
+            ),
+            WokenDuty(
+                name="workflows",
+                what="workflow pass",
+                bell=self._workflow_bell,
+                poll=s.workflow.poll_interval,
+                run_pass=self._workflow_pass,
+            ),
+            WokenDuty(
+                name="rules",
+                what="rules pass",
+                bell=self._event_bell,
+                poll=s.events.poll_interval,
+                run_pass=self._rules_pass,
+            ),
+            WokenDuty(
+                name="schedules",
+                what="schedule pass",
+                bell=self._schedule_bell,
+                poll=s.schedules.poll_interval,
+                run_pass=self._slots_pass,
+            ),
+        ]
+
+    async def _schedule_pass(self) -> float | None:
+        """A scheduling round (executor/scheduler.py)."""
+        result = await self._scheduler.run_round()
+        if result.more and result.dispatched + result.failed + result.asked == result.claimed:
+            return None  # a full batch placed whole: there may be more waiting
+        # Idle: sleep until the next wake-up, the poll, or the earliest delayed request
+        # (not_before), whichever comes first -- so it is placed at its time.
+        # (Already rung, by a wake-up during the round: no need to ask how long.)
+        return 0.0 if self._bell.rung else await self._until_next_delayed(self.settings.executor.poll_interval)
 
     async def _until_next_delayed(self, poll: float) -> float:
         try:
@@ -194,72 +215,34 @@ class ExecutorService:
         # finds nothing and this comes round again with the small remainder.
         return poll if wait is None else max(0.001, min(poll, float(wait)))
 
-    async def _workflow_loop(self, stop: asyncio.Event) -> None:
+    async def _workflow_pass(self) -> float | None:
         """Advance workflows with pending events (executor/workflows.py): woken by the
-        'workflow' topic, and polled -- the reconciler for what a dead replica left."""
+        'workflow' topic, and polled -- the reconciler for what a dead replica left. (Each
+        workflow's own errors fail that workflow, not the pass.)"""
+        result = await self._advancer.run_pass()
         cfg = self.settings.workflow
-        while not stop.is_set():
-            try:
-                # Shielded: an advancement in flight commits or rolls back whole anyway;
-                # this only lets it finish rather than leave its events to the next pass.
-                result = await asyncio.shield(self._advancer.run_pass())
-            except SESSION_ENDED as exc:
-                log_operational(log, "workflow pass", exc)
-                await _sleep_or_stop(stop, cfg.poll_interval)
-                continue
-            except Exception:  # a bug must not stop the loop (each workflow's own errors fail that workflow)
-                self._duty_failed("workflows")
-                await _sleep_or_stop(stop, cfg.poll_interval)
-                continue
-            self._duty_succeeded("workflows")
-            if result.advanced + result.failed + result.skipped >= cfg.batch_size:
-                continue  # a full batch: there may be more waiting
-            await self._workflow_bell.wait(cfg.poll_interval)
+        if result.advanced + result.failed + result.skipped >= cfg.batch_size:
+            return None  # a full batch: there may be more waiting
+        return cfg.poll_interval
 
-    async def _event_loop(self, stop: asyncio.Event) -> None:
+    async def _rules_pass(self) -> float | None:
         """Evaluate pending events' rules (executor/events.py): woken by the 'event'
-        topic, and polled -- the reconciler for what a dead replica left pending."""
+        topic, and polled -- the reconciler for what a dead replica left pending. (A
+        failed pass leaves its events pending.)"""
+        result = await self._enforcer.run_pass()
         cfg = self.settings.events
-        while not stop.is_set():
-            try:
-                # Shielded: a pass in flight commits or rolls back whole anyway.
-                result = await asyncio.shield(self._enforcer.run_pass())
-            except SESSION_ENDED as exc:
-                log_operational(log, "rules pass", exc)
-                await _sleep_or_stop(stop, cfg.poll_interval)
-                continue
-            except Exception:  # a bug must not stop the loop; the events stay pending
-                self._duty_failed("rules")
-                await _sleep_or_stop(stop, cfg.poll_interval)
-                continue
-            self._duty_succeeded("rules")
-            if result.events >= cfg.batch_size:
-                continue  # a full batch: there may be more waiting
-            await self._event_bell.wait(cfg.poll_interval)
+        return None if result.events >= cfg.batch_size else cfg.poll_interval
 
-    async def _slots_loop(self, stop: asyncio.Event) -> None:
+    async def _slots_pass(self) -> float | None:
         """Fire due schedule slots (executor/schedules.py), then sleep exactly until the
         earliest next fire time (database clock), capped by schedules.poll_interval."""
         poll = self.settings.schedules.poll_interval
-        while not stop.is_set():
-            try:
-                # Shielded: a pass commits or rolls back whole; this lets it finish.
-                result = await asyncio.shield(self._firer.run_pass())
-                await asyncio.shield(self._firer.release_buffered())
-                wait = 0.0 if result.full else await self._firer.until_next(poll)
-                if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
-                    wait = min(wait, BUFFERED_POLL)
-            except SESSION_ENDED as exc:
-                log_operational(log, "schedule pass", exc)
-                await _sleep_or_stop(stop, poll)
-                continue
-            except Exception:  # a bug must not stop the loop
-                self._duty_failed("schedules")
-                await _sleep_or_stop(stop, poll)
-                continue
-            self._duty_succeeded("schedules")
-            if wait > 0:
-                await self._schedule_bell.wait(wait)
+        result = await self._firer.run_pass()
+        await self._firer.release_buffered()
+        wait = 0.0 if result.full else await self._firer.until_next(poll)
+        if self._firer.waiting:  # buffer_one: look again soon for the run that blocks it
+            wait = min(wait, BUFFERED_POLL)
+        return wait if wait > 0 else None
 
     async def _workflow_timeouts(self) -> int:
         """Task and workflow deadlines passed become 'timeout' events."""
@@ -333,7 +316,7 @@ class ExecutorService:
         ones executor.exclusive_duties runs on one replica at a time (not the gauges: each
         replica serves its own; nor retention, which is exclusive by itself)."""
         exclusive = shared and self.settings.executor.exclusive_duties
-        while not await _sleep_or_stop(stop, interval):
+        while not await sleep_or_stop(stop, interval):
             try:
                 if exclusive:
                     await self._exclusively(duty)
@@ -343,33 +326,14 @@ class ExecutorService:
                 log_operational(log, "recovery duty", exc, duty=duty.__name__)
                 continue
             except Exception:  # a bug in one duty must not stop the others, nor crash-loop the executor
-                self._duty_failed(duty.__name__)
+                self._health.failed(duty.__name__)
                 continue
-            self._duty_succeeded(duty.__name__)
-
-    def _duty_failed(self, name: str) -> None:
-        """A bug, not an outage: retried at the next tick, but a duty that keeps failing
-        is reported and fails readiness -- an executor that no longer recovers anything
-        must not look healthy to its orchestrator."""
-        DUTY_FAILURES.labels(name).inc()
-        self._duty_failures[name] = self._duty_failures.get(name, 0) + 1
-        count = self._duty_failures[name]
-        if count >= self.settings.executor.duty_failures_before_unready:
-            DUTY_FAILING.labels(name).set(1)
-            log.exception("executor duty keeps failing; readiness fails until it succeeds", duty=name, failures=count)
-        else:
-            log.exception("executor duty failed; retried at the next tick", duty=name, failures=count)
-
-    def _duty_succeeded(self, name: str) -> None:
-        if self._duty_failures.pop(name, 0) >= self.settings.executor.duty_failures_before_unready:
-            DUTY_FAILING.labels(name).set(0)
-            log.info("executor duty recovered", duty=name)
+            self._health.succeeded(duty.__name__)
 
     @property
     def failing_duties(self) -> list[str]:
         """Duties that failed executor.duty_failures_before_unready times in a row."""
-        bound = self.settings.executor.duty_failures_before_unready
-        return sorted(name for name, count in self._duty_failures.items() if count >= bound)
+        return self._health.failing
 
     @property
     def ready(self) -> bool:
@@ -378,18 +342,3 @@ class ExecutorService:
     async def _exclusively(self, duty: Callable[[], Awaitable[Any]]) -> None:
         """Run ``duty`` unless another replica is running it now (executor/duties.py)."""
         await self._duty_locks.run(duty)
-
-
-async def _ring_on(stop: asyncio.Event, bell: Doorbell) -> None:
-    await stop.wait()
-    bell.ring()
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep up to ``seconds``; return True if stop was requested."""
-    try:
-        async with asyncio.timeout(seconds):
-            await stop.wait()
-    except TimeoutError:
-        return False
-    return True

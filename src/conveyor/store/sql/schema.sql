@@ -2779,6 +2779,35 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION conveyor.workflow_execution_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM workflow_transition t
+                   WHERE t.from_status = OLD.status AND t.to_status = NEW.status) THEN
+        RAISE EXCEPTION 'illegal workflow transition % -> % (workflow execution %)', OLD.status, NEW.status, OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION conveyor.workflow_task_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'conveyor'
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM workflow_task_transition t
+                   WHERE t.from_status = OLD.status AND t.to_status = NEW.status) THEN
+        RAISE EXCEPTION 'illegal workflow task transition % -> % (task % iteration % of workflow execution %)',
+            OLD.status, NEW.status, OLD.task_name, OLD.iteration, OLD.workflow_execution
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION conveyor.workflow_timeouts() RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'conveyor'
@@ -3352,6 +3381,16 @@ CREATE SEQUENCE conveyor.workflow_task_dispatch_id_seq
 
 ALTER SEQUENCE conveyor.workflow_task_dispatch_id_seq OWNED BY conveyor.workflow_task_dispatch.id;
 
+CREATE TABLE conveyor.workflow_task_transition (
+    from_status text NOT NULL,
+    to_status text NOT NULL
+);
+
+CREATE TABLE conveyor.workflow_transition (
+    from_status text NOT NULL,
+    to_status text NOT NULL
+);
+
 CREATE TABLE conveyor.workflow_tree (
     root bigint NOT NULL,
     tasks bigint DEFAULT 0 NOT NULL,
@@ -3509,6 +3548,12 @@ ALTER TABLE ONLY conveyor.workflow_task_dispatch
 ALTER TABLE ONLY conveyor.workflow_task
     ADD CONSTRAINT workflow_task_pkey PRIMARY KEY (workflow_execution, task_name, iteration);
 
+ALTER TABLE ONLY conveyor.workflow_task_transition
+    ADD CONSTRAINT workflow_task_transition_pkey PRIMARY KEY (from_status, to_status);
+
+ALTER TABLE ONLY conveyor.workflow_transition
+    ADD CONSTRAINT workflow_transition_pkey PRIMARY KEY (from_status, to_status);
+
 ALTER TABLE ONLY conveyor.workflow_tree
     ADD CONSTRAINT workflow_tree_pkey PRIMARY KEY (root);
 
@@ -3636,7 +3681,11 @@ CREATE TRIGGER workflow_child_ended AFTER UPDATE OF status ON conveyor.execution
 
 CREATE TRIGGER workflow_event_wake AFTER INSERT ON conveyor.workflow_event FOR EACH STATEMENT EXECUTE FUNCTION conveyor.workflow_event_wake();
 
+CREATE TRIGGER workflow_execution_guard BEFORE UPDATE ON conveyor.workflow_execution FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION conveyor.workflow_execution_guard();
+
 CREATE TRIGGER workflow_execution_touch BEFORE UPDATE ON conveyor.workflow_execution FOR EACH ROW EXECUTE FUNCTION conveyor.touch_updated();
+
+CREATE TRIGGER workflow_task_guard BEFORE UPDATE ON conveyor.workflow_task FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION conveyor.workflow_task_guard();
 
 ALTER TABLE ONLY conveyor.enforcement
     ADD CONSTRAINT enforcement_event_fkey FOREIGN KEY (event) REFERENCES conveyor.event(id) ON DELETE CASCADE;
