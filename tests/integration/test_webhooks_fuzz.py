@@ -23,9 +23,9 @@ from conveyor.api.routes.webhooks import DOOR_RESPONSES
 from conveyor.config import Settings
 from conveyor.domain.webhooks import signature
 from conveyor.store.db import connect_sync, make_pool
-from conveyor.store.queries import Q
 from conveyor.transport.postgres import PostgresTransport
-from conveyor.verbs.webhooks import registration
+from conveyor.verbs.drive import run
+from conveyor.verbs.webhooks import register
 
 SECRET = "fuzz-secret"
 TOKEN = "fuzz-token"
@@ -67,9 +67,8 @@ def door(db_url: str) -> Iterator[Door]:
         for name, auth, schema in [("h", "hmac", None), ("b", "bearer", None), ("n", "none", SCHEMA)]:
             secret = SECRET if auth == "hmac" else None
             token = TOKEN if auth == "bearer" else None
-            params = registration(name, auth=auth, secret=secret, token=token, payload_schema=schema,
-                                  max_body_bytes=2048)  # fmt: skip
-            conn.execute(Q["register_webhook"], params)
+            verb = register(name, auth=auth, secret=secret, token=token, payload_schema=schema, max_body_bytes=2048)
+            run(conn, verb)
     with start_blocking_portal() as portal:
         d = Door(portal, db_url)
         portal.call(d.open)

@@ -1,6 +1,6 @@
 """The next fire times the schedules page shows (``automation.upcoming``, pure) are the
 engine's: the same instants as ``conveyor schedules get`` / REST
-(schedule_verbs.next_fire_times over conveyor.domain.schedules), including a slot in a
+(verbs.schedules.next_fire_times over conveyor.domain.schedules), including a slot in a
 spring-forward gap, which a second croniter reading once showed an hour late; none past
 ``ends``, and none for a row the engine could not read."""
 

@@ -14,12 +14,13 @@ from conveyor.store.queries import Q
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "conveyor"
 MIGRATIONS = SRC / "store" / "sql" / "migrations"
-USED = re.compile(r"""\bQ\[\s*["'](\w+)["']\s*\]""")
+# A named query executed: ``Q["x"]``, or a verb's ``sql("x", ...)`` statement (verbs/drive.py).
+USED = re.compile(r"""\bQ\[\s*["'](\w+)["']\s*\]|\bsql\(\s*["'](\w+)["']""")
 DML = r"(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+{table}\b"
 
 # Each verb's named query, the SQL function it is, and the modules that execute it.
 VERBS = {
-    "patch_schedule": ("patch_schedule", {"sdk/schedules.py", "api/routes/schedules.py"}),
+    "patch_schedule": ("patch_schedule", {"verbs/schedules.py"}),
     "replay_dead_letter": ("replay_dead_letter", {"verbs/dead_letters.py"}),
     "purge_dead_letters": ("purge_dead_letters", {"cli/dead_letters.py", "api/routes/dead_letters.py"}),
     "create_token": ("create_api_token", {"cli/tokens.py", "api/auth.py"}),
@@ -38,7 +39,7 @@ def _executed_from() -> dict[str, set[str]]:
     where: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         for m in USED.finditer(path.read_text(encoding="utf-8")):
-            where.setdefault(m.group(1), set()).add(str(path.relative_to(SRC)))
+            where.setdefault(m.group(1) or m.group(2), set()).add(str(path.relative_to(SRC)))
     return where
 
 
@@ -70,8 +71,8 @@ def test_each_verb_is_executed_only_by_its_callers() -> None:
     # The replay's former pieces are gone: the lock and the mark are inside its function.
     assert not {"lock_dead_letter", "mark_replayed", "replay_message"} & (set(Q) | set(where))
     # A PATCH no longer replaces the whole row through create_schedule.
-    assert where["create_schedule"] == {"sdk/schedules.py", "api/routes/schedules.py"}
-    patch_code = (SRC / "sdk/schedules.py").read_text(encoding="utf-8")
-    update = patch_code[patch_code.index("def update_schedule") : patch_code.index("def schedules")]
-    assert 'Q["patch_schedule"]' in update
-    assert 'Q["create_schedule"]' not in update
+    assert where["create_schedule"] == {"verbs/schedules.py"}
+    patch_code = (SRC / "verbs/schedules.py").read_text(encoding="utf-8")
+    update = patch_code[patch_code.index("def patch(") : patch_code.index("def pause(")]
+    assert 'sql("patch_schedule"' in update
+    assert 'sql("create_schedule"' not in update

@@ -20,9 +20,6 @@ from conveyor.cli.run import parse_json
 from conveyor.domain.documents import DocumentError
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.webhooks import new_secret
-from conveyor.sdk import Client
-from conveyor.store.queries import Q
-from conveyor.verbs import webhooks as hooks
 
 app = typer.Typer(help="Webhooks: HTTP doors that emit events for rules.", no_args_is_help=True)
 Name = Annotated[str, typer.Argument(help="The webhook's name (its door: POST /api/v1/webhooks/NAME).")]
@@ -95,19 +92,25 @@ def create(
     elif bearer_token_env is not None:
         token = _from_env(bearer_token_env)
     auth = "none" if no_auth else "bearer" if token is not None else "hmac"
-    params = hooks.registration(
-        name, auth=auth, trigger=trigger, secret=secret, token=token, signature_header=signature_header,
-        signature_prefix=signature_prefix, idempotency_header=idempotency_header, max_body_bytes=max_body,
-        description=description, payload_schema=_schema(schema),
-    )  # fmt: skip
-    with state.client() as client, client.conn.transaction(), hooks.refusals():
-        row = client.conn.execute(Q["register_webhook"], params).fetchone()
-        assert row is not None
-        if as_json:
-            print_json({**_webhook(client, name), "created_now": row["created"],
-                        **({"secret": secret} if generate_secret else {})})  # fmt: skip
-            return
-    verb = "created" if row["created"] else "updated"
+    payload_schema = _schema(schema)
+    with state.client() as client:
+        saved = client.register_webhook(
+            name,
+            auth=auth,
+            trigger=trigger,
+            secret=secret,
+            token=token,
+            signature_header=signature_header,
+            signature_prefix=signature_prefix,
+            idempotency_header=idempotency_header,
+            max_body_bytes=max_body,
+            description=description,
+            payload_schema=payload_schema,
+        )
+    if as_json:
+        print_json({**saved, **({"secret": secret} if generate_secret else {})})
+        return
+    verb = "created" if saved["created_now"] else "updated"
     err_console.print(f"webhook {name} {verb} (auth {auth}): POST /api/v1/webhooks/{name}", highlight=False)
     if generate_secret:
         err_console.print("its HMAC secret is shown only now; give it to the sender:")
@@ -124,7 +127,7 @@ def _show(row: dict[str, Any]) -> str:
 def list_(as_json: bool = JsonOption) -> None:
     """Every webhook (never a secret: whether one is set)."""
     with state.client() as client:
-        rows = [dict(r) for r in client.conn.execute(Q["list_webhooks"]).fetchall()]
+        rows = client.webhooks()
     if as_json:
         print_json(rows)
         return
@@ -135,19 +138,11 @@ def list_(as_json: bool = JsonOption) -> None:
     console.print(table)
 
 
-def _webhook(client: Client, name: str) -> dict[str, Any]:
-    """One webhook as ``get --json`` shows it (never a secret: whether one is set)."""
-    row = client.conn.execute(Q["get_webhook"], {"name": name}).fetchone()
-    if row is None:
-        raise hooks.not_found(name)
-    return dict(row)
-
-
 @app.command()
 def get(name: Name, as_json: bool = JsonOption) -> None:
     """One webhook's settings."""
     with state.client() as client:
-        row = _webhook(client, name)
+        row = client.webhook(name)
     if as_json:
         print_json(row)
         return
@@ -166,9 +161,7 @@ def get(name: Name, as_json: bool = JsonOption) -> None:
 def delete(name: Name, as_json: bool = JsonResultOption) -> None:
     """Delete it: its door answers 404. Its events are kept."""
     with state.client() as client:
-        row = client.conn.execute(Q["delete_webhook"], {"name": name}).fetchone()
-    if row is None or not row["deleted"]:
-        raise hooks.not_found(name)
+        client.delete_webhook(name)
     if as_json:
         print_json({"deleted": name})
         return
@@ -177,11 +170,9 @@ def delete(name: Name, as_json: bool = JsonResultOption) -> None:
 
 def _enable(name: str, enabled: bool, as_json: bool) -> None:
     with state.client() as client:
-        row = client.conn.execute(Q["set_webhook_enabled"], {"name": name, "enabled": enabled}).fetchone()
-        if row is None:
-            raise hooks.not_found(name)
+        row = client.enable_webhook(name, enabled)
         if as_json:
-            print_json({**_webhook(client, name), "changed": row["was"] != enabled})
+            print_json({**client.webhook(name), "changed": row["was"] != enabled})
             return
     now = "enabled" if enabled else "disabled (its door answers 404)"
     console.print(f"webhook {name} {now}" + (" already" if row["was"] == enabled else ""), highlight=False)

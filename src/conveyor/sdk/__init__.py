@@ -34,6 +34,7 @@ from conveyor.sdk.events import EventMethods
 from conveyor.sdk.output import OutputMethods
 from conveyor.sdk.rules import RuleMethods
 from conveyor.sdk.schedules import ScheduleMethods
+from conveyor.sdk.webhooks import WebhookMethods
 from conveyor.sdk.workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
@@ -175,7 +176,7 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client(WorkflowMethods, RuleMethods, ScheduleMethods, EventMethods, OutputMethods):
+class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, EventMethods, OutputMethods):
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need

@@ -1,7 +1,7 @@
 """The SDK's schedule methods (part of :class:`conveyor.sdk.Client`; docs/schedules.md).
-Each change is one SQL function (``create_schedule``, ``pause_schedule``,
-``resume_schedule``, ``delete_schedule``, ``patch_schedule``, ``fire_schedule``, ``backfill_schedule``); the
-checks around it are shared with the API (schedule_verbs.py).
+Each change is one verb of conveyor.verbs.schedules (one SQL function each:
+``create_schedule``, ``patch_schedule``, ``pause_schedule``, ``resume_schedule``,
+``delete_schedule``, ``fire_schedule``, ``backfill_schedule``), the body the API runs too.
 
     with Client(url) as client:
         client.create_schedule("nightly", cron="30 2 * * *", timezone="Europe/Paris",
@@ -14,15 +14,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
+from conveyor.store.db import Conn
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
 from conveyor.verbs import schedules as sv
+from conveyor.verbs.drive import run
 
 
 class ScheduleMethods:
-    conn: psycopg.Connection[Any]
+    conn: Conn
 
     def create_schedule(self, name: str, *, replace: bool = False, **fields: Any) -> dict[str, Any]:
         """Create a schedule (``replace=True``: create or replace). Exactly one of
@@ -32,18 +31,11 @@ class ScheduleMethods:
         name), ``catchup`` (skip|latest|all), ``catchup_window``, ``overlap``
         (allow|skip|buffer_one|cancel_previous), ``description``. Returns the schedule
         with its next fire times."""
-        params = sv.create_params(name, fields, replace=replace)
-        with verbs.refusals(action_ref=fields.get("action") or ""), self.conn.transaction():
-            self.conn.execute(Q["create_schedule"], params).fetchone()
-        return self.schedule(name)
+        return run(self.conn, sv.create(name, fields, replace=replace))
 
     def update_schedule(self, name: str, **changes: Any) -> dict[str, Any]:
         """Change some fields of a schedule (one of cron/every/at replaces the others)."""
-        row = self._schedule_row(name)
-        params = sv.patch_params(name, row, changes)
-        with verbs.refusals(action_ref=changes.get("action") or row["action_ref"] or ""), self.conn.transaction():
-            self.conn.execute(Q["patch_schedule"], params).fetchone()
-        return self.schedule(name)
+        return run(self.conn, sv.patch(name, changes))
 
     def schedules(self, *, limit: int = 500) -> list[dict[str, Any]]:
         """Every schedule (by name) with its next fire time."""
@@ -53,37 +45,22 @@ class ScheduleMethods:
     def schedule(self, name: str, *, next_count: int = 5, slots: int = 20) -> dict[str, Any]:
         """One schedule: ``next_fire_times`` and its most recent ``slots`` (newest first,
         each with the execution it requested and that execution's status)."""
-        row = self._schedule_row(name)
-        recent = self.conn.execute(Q["schedule_slots"], {"id": row["id"], "limit": slots}).fetchall()
-        return sv.view(row, next_count, recent)
-
-    def _schedule_row(self, name: str) -> dict[str, Any]:
-        row = self.conn.execute(Q["get_schedule"], {"name": name}).fetchone()
-        if row is None:
-            raise sv.not_found(name)
-        return dict(row)
+        return run(self.conn, sv.read(name, next_count, slots))
 
     def pause_schedule(self, name: str) -> dict[str, Any]:
-        return sv.changed(name, self.conn.execute(Q["pause_schedule"], {"name": name}).fetchone())
+        return run(self.conn, sv.pause(name))
 
     def resume_schedule(self, name: str) -> dict[str, Any]:
-        return sv.changed(name, self.conn.execute(Q["resume_schedule"], {"name": name}).fetchone())
+        return run(self.conn, sv.resume(name))
 
     def delete_schedule(self, name: str) -> None:
-        row = self.conn.execute(Q["delete_schedule"], {"name": name}).fetchone()
-        if not row or not row["deleted"]:
-            raise sv.not_found(name)
+        run(self.conn, sv.delete(name))
 
     def fire_schedule(self, name: str) -> dict[str, Any] | None:
         """Fire now (origin manual); the slot row, or None if one was fired at this very instant."""
-        with verbs.refusals():
-            row = self.conn.execute(Q["fire_schedule"], {"name": name}).fetchone()
-        return dict(row) if row else None
+        fired = run(self.conn, sv.fire(name))
+        return fired[0] if fired else None
 
     def backfill_schedule(self, name: str, since: datetime | str, until: datetime | str) -> list[dict[str, Any]]:
         """Fire every slot of [since, until) not fired yet (origin backfill); the slots fired now."""
-        with self.conn.transaction():
-            slots = sv.backfill_slots(self._schedule_row(name), since, until)
-            with verbs.refusals():
-                rows = self.conn.execute(Q["backfill_schedule"], {"name": name, "slots": slots}).fetchall()
-        return [dict(r) for r in rows]
+        return run(self.conn, sv.backfill(name, since, until))

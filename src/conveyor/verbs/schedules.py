@@ -1,8 +1,9 @@
-"""Schedules (issue #13): what the SDK, the API and the CLI share around the one SQL
-function of each verb (``create_schedule``, ``pause_schedule``, ``resume_schedule``,
-``delete_schedule``, ``fire_schedule``, ``backfill_schedule``): the checks made before it
-(the cron expression, the time zone, the durations, with the domain's rules) and the
-views of a schedule (its next fire times, computed from the database's now)."""
+"""Schedule verbs (issue #13): one body each, run by ``drive.run`` (SDK, CLI through the
+SDK) and ``drive.run_async`` (API). Each change is one SQL function (``create_schedule``,
+``patch_schedule``, ``pause_schedule``, ``resume_schedule``, ``delete_schedule``,
+``fire_schedule``, ``backfill_schedule``); what is here is the checks made before it (the
+cron expression, the time zone, the durations, with the domain's rules), what its answer
+means, and the views of a schedule (its next fire times, computed from the database's now)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from conveyor.domain import schedules as sch
 from conveyor.domain.errors import NotFoundError
 from conveyor.domain.schedules import InvalidScheduleError
 from conveyor.domain.storable import unstorable as unstorable_lines
+from conveyor.store.db import Row
+from conveyor.verbs.common import refusals
+from conveyor.verbs.drive import Verb, sql
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?")
 SPEC_FIELDS = ("cron", "every", "at", "timezone", "starts", "ends", "action", "parameters", "catchup",
@@ -173,3 +177,74 @@ def changed(name: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
     if row is None:
         raise not_found(name)
     return {"name": name, "id": row["schedule_id"], "was_paused": row["was"]}
+
+
+# -- the verbs ----------------------------------------------------------------------------
+
+
+def read(name: str, count: int = 5, slots: int = 20) -> Verb[dict[str, Any]]:
+    """One schedule as shown (:func:`view`): its next ``count`` fire times and its
+    ``slots`` most recent slots. A read, also the answer of create and patch."""
+    row = yield from _row(name)
+    recent = yield sql("schedule_slots", {"id": row["id"], "limit": slots}, "all")
+    return view(row, count, recent)
+
+
+def _row(name: str) -> Verb[Row]:
+    row = yield sql("get_schedule", {"name": name})
+    if row is None:
+        raise not_found(name)
+    return dict(row)
+
+
+def create(name: str, fields: Mapping[str, Any], *, replace: bool = False) -> Verb[dict[str, Any]]:
+    """``create_schedule`` (``replace``: create or replace; else a name taken is a
+    ConflictError); the schedule as shown."""
+    params = create_params(name, fields, replace=replace)
+    with refusals(action_ref=fields.get("action") or ""):
+        yield sql("create_schedule", params)
+    return (yield from read(name))
+
+
+def patch(name: str, changes: Mapping[str, Any]) -> Verb[dict[str, Any]]:
+    """``patch_schedule``: the changes, checked against the row as read, applied to the
+    row locked -- only the fields given, so a concurrent PATCH of other fields is kept."""
+    row = yield from _row(name)
+    params = patch_params(name, row, changes)
+    with refusals(action_ref=changes.get("action") or row["action_ref"] or ""):
+        yield sql("patch_schedule", params)
+    return (yield from read(name))
+
+
+def pause(name: str) -> Verb[dict[str, Any]]:
+    """``pause_schedule``: ``{"name", "id", "was_paused"}``."""
+    return changed(name, (yield sql("pause_schedule", {"name": name})))
+
+
+def resume(name: str) -> Verb[dict[str, Any]]:
+    """``resume_schedule`` (from now: the slots while paused are not fired)."""
+    return changed(name, (yield sql("resume_schedule", {"name": name})))
+
+
+def delete(name: str) -> Verb[None]:
+    """``delete_schedule`` with its slot rows (the executions and events it made stay)."""
+    row = yield sql("delete_schedule", {"name": name})
+    if not row or not row["deleted"]:
+        raise not_found(name)
+
+
+def fire(name: str) -> Verb[list[Row]]:
+    """``fire_schedule`` (origin manual): the slot fired, none if one was fired at this
+    very instant."""
+    with refusals():
+        rows = yield sql("fire_schedule", {"name": name}, "all")
+    return [dict(r) for r in rows]
+
+
+def backfill(name: str, since: datetime | str, until: datetime | str) -> Verb[list[Row]]:
+    """``backfill_schedule``: the slots of [since, until) not fired yet (origin
+    backfill), read in the schedule's time zone; the slots fired now."""
+    slots = backfill_slots((yield from _row(name)), since, until)
+    with refusals():
+        rows = yield sql("backfill_schedule", {"name": name, "slots": slots}, "all")
+    return [dict(r) for r in rows]

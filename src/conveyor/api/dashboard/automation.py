@@ -4,7 +4,7 @@ migration 0016 with the named queries of ``dashboard_automation.sql``. The engin
 fill them (rules, webhooks, schedules) are elsewhere; these pages only read.
 
 A schedule's next fire times are the engine's own (conveyor.domain.schedules, through
-schedule_verbs.next_fire_times as the CLI and REST show them), from the database clock --
+verbs.schedules.next_fire_times as the CLI and REST show them), from the database clock --
 display only, never a decision."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ async def triggers(conn: Any) -> dict[str, Any]:
 
 def upcoming(schedule: Mapping[str, Any], now: datetime, count: int = UPCOMING) -> list[datetime]:
     """The schedule's next ``count`` fire times, exactly as ``conveyor schedules get`` and
-    REST show them (schedule_verbs.next_fire_times: the engine's slot arithmetic in
+    REST show them (verbs.schedules.next_fire_times: the engine's slot arithmetic in
     conveyor.domain.schedules) from ``now``, the database clock. One implementation: a
     second one here (croniter read directly) showed a different instant for a slot in a
     spring-forward gap than the one the engine fires. Nothing for a row the engine could

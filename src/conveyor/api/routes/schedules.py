@@ -2,12 +2,12 @@
 fire times and recent slots with the executions they requested), replace (PUT), change
 (PATCH), delete, and pause / resume / fire / backfill. Viewers read; operators change.
 A bad cron expression, time zone or duration is a 422 with the one-line reason; each
-change is one SQL function (schedule_verbs.py says which)."""
+change is one verb of conveyor.verbs.schedules (one SQL function each)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,9 +17,10 @@ from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
 from conveyor.verbs import schedules as sv
+from conveyor.verbs.drive import Verb, run_async
 
+T = TypeVar("T")
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 Ctx = Annotated[ApiContext, Depends(context)]
 WITH_CONFLICT: dict[int | str, dict[str, Any]] = {
@@ -104,40 +105,17 @@ class Changed(BaseModel):
     was_paused: bool
 
 
-async def _row(conn: Any, name: str) -> dict[str, Any]:
-    row = await (await conn.execute(Q["get_schedule"], {"name": name})).fetchone()
-    if row is None:
-        raise sv.not_found(name)
-    return dict(row)
-
-
-async def _view(conn: Any, name: str, count: int = 5, slots: int = 20) -> dict[str, Any]:
-    row = await _row(conn, name)
-    recent = await (await conn.execute(Q["schedule_slots"], {"id": row["id"], "limit": slots})).fetchall()
-    return sv.view(row, count, recent)
-
-
-async def _write(ctx: ApiContext, name: str, fields: dict[str, Any], *, replace: bool, patch: bool = False) -> Any:
-    async with ctx.pool.connection() as conn, conn.transaction():
-        if patch:
-            # Checked against the row as read; patch_schedule locks it and applies only the
-            # fields given, so a concurrent PATCH of other fields is not lost.
-            row = await _row(conn, name)
-            params = sv.patch_params(name, row, fields)
-            with verbs.refusals(action_ref=fields.get("action") or row["action_ref"] or ""):
-                await conn.execute(Q["patch_schedule"], params)
-        else:
-            params = sv.create_params(name, fields, replace=replace)
-            with verbs.refusals(action_ref=fields.get("action") or ""):
-                await conn.execute(Q["create_schedule"], params)
-        return await _view(conn, name)
+async def _run(ctx: ApiContext, verb: Verb[T]) -> T:
+    """A schedule verb on a pool connection: its transaction, its refusals as errors."""
+    async with ctx.pool.connection() as conn:
+        return await run_async(conn, verb)
 
 
 @router.post("", response_model=ScheduleOut, status_code=201, responses=WITH_CONFLICT)
 async def create(body: ScheduleIn, ctx: Ctx, _: Operator) -> Any:
     """A new schedule (409 if the name is taken): exactly one of cron, every or at."""
     fields = body.given()
-    return await _write(ctx, fields.pop("name"), fields, replace=False)
+    return await _run(ctx, sv.create(fields.pop("name"), fields, replace=False))
 
 
 @router.get("", response_model=list[ScheduleOut], responses=ERRORS)
@@ -157,55 +135,44 @@ async def get(
     slots: Annotated[int, Query(ge=0, le=1000)] = 20,
 ) -> Any:
     """One schedule: its next ``next`` fire times and its ``slots`` most recent slots."""
-    async with ctx.pool.connection() as conn:
-        return await _view(conn, name, next, slots)
+    return await _run(ctx, sv.read(name, next, slots))
 
 
 @router.put("/{name}", response_model=ScheduleOut, responses=WITH_BODY)
 async def replace(name: str, body: ScheduleFields, ctx: Ctx, _: Operator) -> Any:
     """Create or replace (the slots fired are kept: none fires twice)."""
-    return await _write(ctx, name, body.given(), replace=True)
+    return await _run(ctx, sv.create(name, body.given(), replace=True))
 
 
 @router.patch("/{name}", response_model=ScheduleOut, responses=WITH_BODY)
 async def change(name: str, body: ScheduleFields, ctx: Ctx, _: Operator) -> Any:
     """Change the fields given; one of cron/every/at replaces the others."""
-    return await _write(ctx, name, body.given(), replace=True, patch=True)
+    return await _run(ctx, sv.patch(name, body.given()))
 
 
 @router.delete("/{name}", status_code=204, responses=ERRORS)
 async def delete(name: str, ctx: Ctx, _: Operator) -> None:
-    async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["delete_schedule"], {"name": name})).fetchone()
-    if not row or not row["deleted"]:
-        raise sv.not_found(name)
+    await _run(ctx, sv.delete(name))
 
 
 @router.post("/{name}/pause", response_model=Changed, responses=ERRORS)
 async def pause(name: str, ctx: Ctx, _: Operator) -> Any:
-    async with ctx.pool.connection() as conn:
-        return sv.changed(name, await (await conn.execute(Q["pause_schedule"], {"name": name})).fetchone())
+    return await _run(ctx, sv.pause(name))
 
 
 @router.post("/{name}/resume", response_model=Changed, responses=ERRORS)
 async def resume(name: str, ctx: Ctx, _: Operator) -> Any:
     """Resume from now: the slots while paused are not fired (backfill them)."""
-    async with ctx.pool.connection() as conn:
-        return sv.changed(name, await (await conn.execute(Q["resume_schedule"], {"name": name})).fetchone())
+    return await _run(ctx, sv.resume(name))
 
 
 @router.post("/{name}/fire", response_model=list[SlotOut], responses=ERRORS)
 async def fire(name: str, ctx: Ctx, _: Operator) -> Any:
     """Fire now (origin manual), whatever the overlap policy, even while paused."""
-    async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            return await (await conn.execute(Q["fire_schedule"], {"name": name})).fetchall()
+    return await _run(ctx, sv.fire(name))
 
 
 @router.post("/{name}/backfill", response_model=list[SlotOut], responses=WITH_BODY)
 async def backfill(name: str, body: BackfillIn, ctx: Ctx, _: Operator) -> Any:
     """Fire every slot in [since, until) not fired yet (origin backfill); the slots fired now."""
-    async with ctx.pool.connection() as conn, conn.transaction():
-        slots = sv.backfill_slots(await _row(conn, name), body.since, body.until)
-        with verbs.refusals():
-            return await (await conn.execute(Q["backfill_schedule"], {"name": name, "slots": slots})).fetchall()
+    return await _run(ctx, sv.backfill(name, body.since, body.until))

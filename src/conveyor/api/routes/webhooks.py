@@ -15,12 +15,11 @@ admission policies). Secrets are never answered, only whether one is set.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
-from psycopg.types.json import Jsonb
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -43,7 +42,9 @@ from conveyor.domain.errors import ConflictError, InvalidPayloadError, NotFoundE
 from conveyor.ops.metrics import WEBHOOK_REQUESTS
 from conveyor.store.queries import Q
 from conveyor.verbs import webhooks as hooks
+from conveyor.verbs.drive import Verb, run_async
 
+T = TypeVar("T")
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 Ctx = Annotated[ApiContext, Depends(context)]
 PREFIX = "/api/v1/webhooks/"
@@ -112,10 +113,7 @@ async def _accept(request: Request, ctx: ApiContext, hook: dict[str, Any]) -> JS
         text = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
         return error(422, f"invalid payload for trigger {hook['trigger']}: {text}", problems=problems)
     async with ctx.pool.connection() as conn:
-        params = {"trigger": hook["trigger"], "payload": Jsonb(payload), "key": key}
-        with hooks.refusals():
-            row = await (await conn.execute(Q["emit_webhook_event"], params)).fetchone()
-    assert row is not None  # the function answers a row or raises
+        row = await run_async(conn, hooks.emit(hook["trigger"], payload, key))
     answer = {"event_id": row["event_id"], "trigger": hook["trigger"], "repeated": row["repeated"]}
     return JSONResponse(answer, status_code=202, headers={REPEATED_HEADER: "true"} if row["repeated"] else None)
 
@@ -162,11 +160,10 @@ def _out(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "url": PREFIX + row["name"]}
 
 
-async def _get(conn: Any, name: str) -> dict[str, Any]:
-    row = await (await conn.execute(Q["get_webhook"], {"name": name})).fetchone() if door.valid_name(name) else None
-    if row is None:
-        raise hooks.not_found(name)
-    return _out(row)
+async def _run(ctx: ApiContext, verb: Verb[T]) -> T:
+    """A webhook verb on a pool connection: its transaction, its refusals as errors."""
+    async with ctx.pool.connection() as conn:
+        return await run_async(conn, verb)
 
 
 @router.get("", response_model=list[WebhookOut], responses=ERRORS)
@@ -178,8 +175,7 @@ async def list_webhooks(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
 
 @router.get("/{name}", response_model=WebhookOut, responses=ERRORS)
 async def get_webhook(name: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    async with ctx.pool.connection() as conn:
-        return await _get(conn, name)
+    return _out(await _run(ctx, hooks.read(name)))
 
 
 @router.put("/{name}", response_model=WebhookSaved, responses=WITH_CONFLICT)
@@ -188,51 +184,27 @@ async def put_webhook(name: str, body: WebhookIn, ctx: Ctx, _: Admin) -> dict[st
     if body.generate_secret and (body.secret is not None or body.auth != "hmac"):
         raise HTTPException(422, "generate_secret is for auth hmac without a secret")
     secret = door.new_secret() if body.generate_secret else body.secret
+    fields = body.model_dump(exclude={"auth", "secret", "generate_secret"})
     try:
-        params = hooks.registration(
-            name, auth=body.auth, trigger=body.trigger, secret=secret, token=body.token,
-            signature_header=body.signature_header, signature_prefix=body.signature_prefix,
-            idempotency_header=body.idempotency_header, max_body_bytes=body.max_body_bytes,
-            description=body.description, payload_schema=body.payload_schema,
-        )  # fmt: skip
-        async with ctx.pool.connection() as conn, conn.transaction():
-            with hooks.refusals():
-                row = await (await conn.execute(Q["register_webhook"], params)).fetchone()
-            assert row is not None
-            saved = await _get(conn, name)
+        saved = await _run(ctx, hooks.register(name, auth=body.auth, secret=secret, **fields))
     except door.InvalidWebhookError as exc:
         raise HTTPException(422, str(exc)) from None
-    return {**saved, "created_now": row["created"], "secret": secret if body.generate_secret else None}
+    return {**_out(saved), "secret": secret if body.generate_secret else None}
 
 
 @router.delete("/{name}", response_model=WebhookDeleted, responses=ERRORS)
 async def delete_webhook(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Delete it (its door answers 404); its events are kept."""
-    deleted = False
-    if door.valid_name(name):
-        async with ctx.pool.connection() as conn:
-            deleted = (await (await conn.execute(Q["delete_webhook"], {"name": name})).fetchone())["deleted"]
-    if not deleted:
-        raise hooks.not_found(name)
+    await _run(ctx, hooks.delete(name))
     return {"name": name, "deleted": True}
-
-
-async def _enable(ctx: ApiContext, name: str, enabled: bool) -> dict[str, Any]:
-    row = None
-    if door.valid_name(name):
-        async with ctx.pool.connection() as conn:
-            row = await (await conn.execute(Q["set_webhook_enabled"], {"name": name, "enabled": enabled})).fetchone()
-    if row is None:
-        raise hooks.not_found(name)
-    return {"name": name, "enabled": enabled, "was": row["was"]}
 
 
 @router.post("/{name}/enable", response_model=WebhookEnabled, responses=ERRORS)
 async def enable_webhook(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
-    return await _enable(ctx, name, True)
+    return await _run(ctx, hooks.set_enabled(name, True))
 
 
 @router.post("/{name}/disable", response_model=WebhookEnabled, responses=ERRORS)
 async def disable_webhook(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Its door answers 404 (as for an unknown webhook) until enabled again."""
-    return await _enable(ctx, name, False)
+    return await _run(ctx, hooks.set_enabled(name, False))
