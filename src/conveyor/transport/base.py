@@ -14,10 +14,11 @@ import asyncio
 from abc import ABC, abstractmethod
 from contextlib import suppress
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import psycopg
 import structlog
+
+from conveyor.store.db import AsyncConn
 
 if TYPE_CHECKING:
     from conveyor.transport.messages import DeadLetter
@@ -104,7 +105,7 @@ class Transport(ABC):
         """Messages waiting in the broker's dead-letter queue, if there is one."""
         return None
 
-    async def declare_route(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def declare_route(self, conn: AsyncConn) -> None:
         """Make the database publish wake-ups for this transport (``transport_route``);
         executors and workers call it at start."""
         row = await (await conn.execute("SELECT was FROM set_transport_route(%s)", (self.kind,))).fetchone()
