@@ -23,7 +23,6 @@ from typing import Any
 
 import structlog
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.domain.dead_letters import Resolution
@@ -31,7 +30,7 @@ from conveyor.domain.ids import MAX_ID
 from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
 from conveyor.domain.status import ExecutionStatus
 from conveyor.ops.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, AsyncConn, Pool, Row
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.transport import messages as m
@@ -47,9 +46,7 @@ def dispatch_error(reason: str) -> str:
 
 
 class DeadLetterHandler:
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], transport: Transport, settings: Settings, executor_id: str
-    ) -> None:
+    def __init__(self, pool: Pool, transport: Transport, settings: Settings, executor_id: str) -> None:
         self._pool = pool
         self._transport = transport
         self._settings = settings
@@ -103,7 +100,7 @@ class DeadLetterHandler:
             "worker": as_int[2], "error": dl.error,
         }  # fmt: skip
 
-    async def _resolve(self, conn: Any, dl: m.DeadLetter) -> tuple[Resolution, str]:
+    async def _resolve(self, conn: AsyncConn, dl: m.DeadLetter) -> tuple[Resolution, str]:
         try:
             envelope = dl.envelope()
             if envelope.message_type != m.SCHEDULED:
@@ -164,7 +161,7 @@ class DeadLetterHandler:
                     await self.record_unresolved(dead_letter.as_poison(f"{type(exc).__name__}: {exc}"))
         return handled
 
-    def _expired(self, row: dict[str, Any]) -> m.DeadLetter:
+    def _expired(self, row: Row) -> m.DeadLetter:
         scheduled: datetime = row["scheduled"]
         payload = {"execution_id": row["id"], "attempt": row["attempt"], "worker_id": row["worker"],
                    "scheduled": scheduled.isoformat()}  # fmt: skip

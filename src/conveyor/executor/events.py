@@ -29,7 +29,6 @@ from typing import Any
 import psycopg
 import structlog
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
 from conveyor.domain.documents import Limits as DocumentLimits
@@ -37,7 +36,7 @@ from conveyor.ops import failpoints, metrics
 from conveyor.rules.criteria import Criterion
 from conveyor.rules.parse import criteria_of
 from conveyor.rules.render import LIMITS, Decision, EventRow, RuleRow, decide
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, Pool, Row
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -50,9 +49,7 @@ class PassResult:
 
 
 class Enforcer:
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], *, batch_size: int = 100, documents: DocumentLimits = DEFAULT_DOCUMENTS
-    ) -> None:
+    def __init__(self, pool: Pool, *, batch_size: int = 100, documents: DocumentLimits = DEFAULT_DOCUMENTS) -> None:
         # from_json_string() and the like in a rule's parameters read within documents.*.
         self._limits = replace(LIMITS, documents=documents)
         self._pool = pool
@@ -126,7 +123,7 @@ class Enforcer:
                             error=r["error"])  # fmt: skip
         return PassResult(len(taken), dict(outcomes))
 
-    def _decide(self, row: dict[str, Any]) -> list[Decision]:
+    def _decide(self, row: Row) -> list[Decision]:
         event = EventRow(id=row["id"], trigger=row["trigger"], payload=row["payload"], source=row["source"],
                          received=row["received"].isoformat())  # fmt: skip
         decisions = []

@@ -24,13 +24,12 @@ refreshed once: workers and API processes do not report zeros they never measure
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.domain.status import WorkerStatus
+from conveyor.store.db import Pool, Row
 from conveyor.store.queries import Q
 
 # The worker statuses, plus "stale": active by its row, but past its heartbeat bound.
@@ -113,12 +112,12 @@ class DatabaseGauges:
 
     def publish(
         self,
-        executions: Iterable[dict[str, Any]],
-        workers: dict[str, Any],
-        heartbeats: Iterable[dict[str, Any]],
-        backlog: dict[str, Any],
-        admission: Iterable[dict[str, Any]] = (),
-        automation: dict[str, Any] | None = None,
+        executions: Iterable[Row],
+        workers: Row,
+        heartbeats: Iterable[Row],
+        backlog: Row,
+        admission: Iterable[Row] = (),
+        automation: Row | None = None,
     ) -> None:
         """Replace the snapshot with rows of the ``metrics.sql`` queries."""
         f = _families()
@@ -150,7 +149,7 @@ GAUGES = DatabaseGauges()
 REGISTRY.register(GAUGES)
 
 
-async def refresh(pool: AsyncConnectionPool[Any]) -> None:
+async def refresh(pool: Pool) -> None:
     """Read the gauges from the database (one connection, one snapshot) and publish them."""
     async with pool.connection() as conn, conn.transaction():
         # One snapshot: every statement sees the same data and the same now().

@@ -12,10 +12,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.domain.outcome import (
@@ -29,6 +27,7 @@ from conveyor.domain.policy import WorkerLostPolicy
 from conveyor.domain.status import ExecutionStatus, InactiveReason
 from conveyor.ops import failpoints
 from conveyor.ops.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
+from conveyor.store.db import Pool, Row
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 
@@ -45,7 +44,7 @@ NOT_PICKED_UP = NOT_PICKED_UP_ERROR
 
 
 class Recovery:
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings) -> None:
+    def __init__(self, pool: Pool, settings: Settings) -> None:
         self._pool = pool
         cfg = settings.recovery
         self._lost_policy = WorkerLostPolicy(
@@ -103,9 +102,9 @@ class Recovery:
                      worker=b["worker_name"], worker_id=b["worker"])  # fmt: skip
         by_id = {row["id"]: row for row in lost}
         for m in moved:
-            was = by_id[m["id"]]
-            log.warning("recovered execution from a lost worker", execution_id=m["id"], attempt=was["attempt"],
-                        worker=was["worker_name"], worker_id=was["worker"], status=m["status"])  # fmt: skip
+            held = by_id[m["id"]]
+            log.warning("recovered execution from a lost worker", execution_id=m["id"], attempt=held["attempt"],
+                        worker=held["worker_name"], worker_id=held["worker"], status=m["status"])  # fmt: skip
         return {"dead": len(dead), "handed_back": len(back), "requeued": len(requeued), "ended": len(ended)}
 
     async def watch(self) -> dict[str, int]:
@@ -159,7 +158,7 @@ class Recovery:
         return {"rescheduled": len(moved) - len(failed), "failed": len(failed)}
 
 
-def _count_sweep(dead: list[dict[str, Any]], back: list[dict[str, Any]], moved: list[dict[str, Any]]) -> None:
+def _count_sweep(dead: list[Row], back: list[Row], moved: list[Row]) -> None:
     """Metrics of one sweep: recoveries by kind, and each dead worker's downtime (last
     heartbeat to marked inactive; a worker that never sent one has none)."""
     RECOVERIES.labels("handed_back").inc(len(back))

@@ -20,13 +20,11 @@ large backlog does not take the database for itself.
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import RetentionSettings
 from conveyor.ops.metrics import EXECUTIONS_PURGED
+from conveyor.store.db import Pool
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -36,7 +34,7 @@ DUTY = "purge_history"
 
 
 class Retention:
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: RetentionSettings) -> None:
+    def __init__(self, pool: Pool, settings: RetentionSettings) -> None:
         self._pool = pool
         self._settings = settings
 

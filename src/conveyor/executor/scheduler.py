@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 
 import jsonschema
 import structlog
+from psycopg import AsyncCursor
 from psycopg.rows import class_row
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.domain.inquiries import ask_problems
 from conveyor.domain.placement import Claim, place
 from conveyor.ops import failpoints
+from conveyor.store.db import AsyncConn, Pool, Row
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedExecution, LiveWorker
 
@@ -47,7 +48,7 @@ class RoundResult:
 class Scheduler:
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         *,
         executor_id: str,
         batch_size: int,
@@ -94,7 +95,7 @@ class Scheduler:
             log.warning("execution failed before dispatch", execution_id=eid, error=error)
         return RoundResult(len(rows), dispatched, failed, released, asked, more=self._full)
 
-    async def _claim(self, conn: Any) -> list[ClaimedExecution]:
+    async def _claim(self, conn: AsyncConn) -> list[ClaimedExecution]:
         """requested -> scheduling, committed without waiting for the WAL flush."""
         async with conn.transaction():
             await conn.execute(Q["relaxed_commit"])
@@ -133,7 +134,7 @@ class Scheduler:
         return rows
 
     async def _dispatch(
-        self, conn: Any, claims: list[Claim], failures: dict[int, str], workflows: list[int], asking: list[int]
+        self, conn: AsyncConn, claims: list[Claim], failures: dict[int, str], workflows: list[int], asking: list[int]
     ) -> tuple[int, int, int, int]:
         """Place claims (scheduling -> scheduled), start workflows (-> running), ask
         inquiries (-> pending), fail or hand back the rest, in one transaction."""
@@ -173,7 +174,7 @@ class Scheduler:
         ran, broke = await _started(started)
         return await _count(assigned) + ran, await _count(failed) + broke, await _count(released), await _count(asked)
 
-    async def _claim_unplaceable(self, conn: Any, workers: list[LiveWorker]) -> list[ClaimedExecution]:
+    async def _claim_unplaceable(self, conn: AsyncConn, workers: list[LiveWorker]) -> list[ClaimedExecution]:
         params = {
             "limit": self._batch_size,
             "executor": self._executor_id,
@@ -230,14 +231,14 @@ class Scheduler:
         return admitted
 
 
-async def _fetch(conn: Any, cls: type[T], query: str, params: dict[str, Any] | None = None) -> list[T]:
+async def _fetch(conn: AsyncConn, cls: type[T], query: str, params: dict[str, Any] | None = None) -> list[T]:
     """The rows of ``query`` as ``cls`` instances (typed rows on the hot path)."""
     cursor = conn.cursor(row_factory=class_row(cls))
     await cursor.execute(query, params)
     return list(await cursor.fetchall())
 
 
-async def _started(cursor: Any) -> tuple[int, int]:
+async def _started(cursor: AsyncCursor[Row] | None) -> tuple[int, int]:
     """Workflows started (running) and failed at start (too deep, deleted)."""
     if cursor is None:
         return 0, 0
@@ -249,5 +250,5 @@ async def _started(cursor: Any) -> tuple[int, int]:
     return len(rows) - failed, failed
 
 
-async def _count(cursor: Any) -> int:
+async def _count(cursor: AsyncCursor[Row] | None) -> int:
     return len(await cursor.fetchall()) if cursor is not None else 0

@@ -22,11 +22,11 @@ from typing import Any
 
 import structlog
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.domain import schedules as sch
 from conveyor.ops import failpoints
 from conveyor.ops.metrics import SCHEDULE_LAG, SCHEDULE_SLOTS
+from conveyor.store.db import Pool, Row
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -49,13 +49,13 @@ class PassResult:
 
 
 class Firer:
-    def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int) -> None:
+    def __init__(self, pool: Pool, *, batch_size: int) -> None:
         self._pool = pool
         self._batch = batch_size
         self.waiting = 0  # buffered slots still waiting after the last release_buffered
 
     async def run_pass(self) -> PassResult:
-        written: list[dict[str, Any]] = []
+        written: list[Row] = []
         more = False
         async with self._pool.connection() as conn, conn.transaction():
             due = await (await conn.execute(Q["pick_due_schedules"], {"limit": self._batch})).fetchall()
@@ -82,7 +82,7 @@ class Firer:
 
     async def release_buffered(self) -> int:
         """buffer_one: fire the waiting slots whose previous run has ended."""
-        released: list[dict[str, Any]] = []
+        released: list[Row] = []
         async with self._pool.connection() as conn, conn.transaction():
             waiting = await (await conn.execute(Q["buffered_schedules"], {"limit": self._batch})).fetchall()
             for row in waiting:
@@ -109,7 +109,7 @@ class Firer:
         return max(0.001, min(poll, float(wait)))
 
 
-def _decide(row: dict[str, Any]) -> dict[str, Any]:
+def _decide(row: Row) -> dict[str, Any]:
     spec = sch.Spec.from_row(row)
     after = sch.first_after(spec, row["last_slot"], row["updated"])
     plan = sch.plan(spec, after, row["now"], running=row["running"], buffered=bool(row["buffered"]),
@@ -123,7 +123,7 @@ def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
 
 
-def _count(written: list[dict[str, Any]]) -> None:
+def _count(written: list[Row]) -> None:
     for r in written:
         SCHEDULE_SLOTS.labels(r["outcome"]).inc()
         if r["outcome"] == "missed":

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.executor import gauges
@@ -25,7 +24,7 @@ from conveyor.executor.scheduler import Scheduler
 from conveyor.executor.schedules import BUFFERED_POLL, Firer
 from conveyor.executor.woken import DutyHealth, WokenDuty, run_woken, sleep_or_stop
 from conveyor.executor.workflows import Advancer
-from conveyor.store.db import SESSION_ENDED, log_operational
+from conveyor.store.db import SESSION_ENDED, Pool, log_operational
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.base import Topic, Transport
@@ -39,9 +38,7 @@ def make_executor_id(key: str) -> str:
 
 
 class ExecutorService:
-    def __init__(
-        self, settings: Settings, direct_url: str, pool: AsyncConnectionPool[Any], transport: Transport
-    ) -> None:
+    def __init__(self, settings: Settings, direct_url: str, pool: Pool, transport: Transport) -> None:
         """``direct_url``: for the duty-lock session (session advisory locks: never through a
         transaction pooler, database.direct_url)."""
         self.settings = settings

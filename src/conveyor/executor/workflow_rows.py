@@ -1,5 +1,6 @@
-"""Rows to the conductor's state and events, and decisions to the parameters of the
-bulk statements that apply them (executor/workflows.py): plain functions, no I/O.
+"""The rows of the workflow statements (typed), rows to the conductor's state and events,
+and decisions to the parameters of the bulk statements that apply them
+(executor/workflows.py): plain functions, no I/O.
 
 Every write statement of queries/workflows.sql takes arrays with each row's workflow, so
 one statement applies the decisions of a whole batch of workflows."""
@@ -10,16 +11,21 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict, TypeVar, cast
 
 import psycopg
+from psycopg import AsyncCursor
 from psycopg.types.json import Jsonb
 
 from conveyor.config.workflow import WorkflowBounds
+from conveyor.store.db import Row
 from conveyor.workflows.state import (
+    CancelPolicy,
     CancelRequested,
     ChildEnded,
     Dispatch,
+    DispatchKey,
+    DispatchStatus,
     Event,
     NewChild,
     PauseRequested,
@@ -27,9 +33,12 @@ from conveyor.workflows.state import (
     ResumeRequested,
     Started,
     Step,
+    TaskKey,
     TaskRun,
+    TaskStatus,
     TimedOut,
     WorkflowState,
+    WorkflowStatus,
 )
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -40,10 +49,129 @@ class WorkflowBroken(Exception):
     """The advancement of one workflow cannot go on (named in the workflow's result)."""
 
 
-Row = dict[str, Any]
+# -- the rows of the workflow statements (queries/workflows.sql) ------------------------
+# Every connection makes dict rows (store/db.py): these TypedDicts are those dicts, typed
+# per statement, so that mypy checks each column read by name and type. ``Any``: a JSON
+# value (jsonb), whatever the document holds.
+
+R = TypeVar("R")
 
 
-def rows_of(tasks: Sequence[Row], dispatches: Sequence[Row]) -> Rows:
+def typed(shape: type[R], cursor: AsyncCursor[Row]) -> AsyncCursor[R]:
+    """``cursor`` with its rows typed as ``shape`` (a cast: no conversion, no cost)."""
+    return cast("AsyncCursor[R]", cursor)
+
+
+class PendingRow(TypedDict):  # workflow_pending_try_lock
+    id: int
+    locked: bool
+
+
+class IdRow(TypedDict):  # workflow_try_lock
+    id: int
+
+
+class WorkflowRow(TypedDict):  # workflow_lock: the workflow's state row and its execution's
+    id: int
+    execution: int
+    workflow_ref: str
+    version: int
+    status: WorkflowStatus
+    context: dict[str, Any]
+    errors: list[dict[str, Any]]
+    cancel_policy: CancelPolicy
+    row_version: str
+    execution_status: str
+    parameters: dict[str, Any]
+    cancelled_by: str | None
+
+
+class EventRow(TypedDict):  # workflow_events: a child's end with its dispatch (None: a stale child)
+    id: int
+    workflow_execution: int
+    kind: str
+    execution: int | None
+    payload: dict[str, Any] | None
+    task_name: str | None
+    iteration: int | None
+    task_index: int | None
+    child_status: str | None
+    child_result: Any
+
+
+class TaskRow(TypedDict):  # workflow_tasks
+    workflow_execution: int
+    task_name: str
+    iteration: int
+    status: TaskStatus
+    arrivals: list[str]
+    items_total: int | None
+    result: Any
+    error: str | None
+    items: list[Any] | None
+    concurrency: int | None
+
+
+class DispatchRow(TypedDict):  # workflow_dispatches
+    workflow_execution: int
+    task_name: str
+    iteration: int
+    task_index: int | None
+    execution: int | None
+    retry: int
+    status: DispatchStatus
+    result: Any
+
+
+class ClaimRow(TypedDict):  # workflow_claim_dispatches: a child's dispatch row, claimed
+    id: int
+    workflow_execution: int
+    task_name: str
+    iteration: int
+    task_index: int | None
+
+
+class ChildRow(TypedDict):  # workflow_request_children: a dispatch row and its new child
+    id: int
+    execution: int
+
+
+class VersionRow(TypedDict):  # workflow_update: the row's new version (see RowCache)
+    id: int
+    row_version: str
+
+
+class DefinitionRow(TypedDict):  # workflow_definition
+    definition: dict[str, Any]
+
+
+class ActionRow(TypedDict):  # workflow_existing_actions
+    ref: str
+
+
+class ChildExecutionRow(TypedDict):  # workflow_running_children
+    execution: int
+
+
+class TimeoutsRow(TypedDict):  # workflow_timeouts
+    events: int
+
+
+# -- rows to the conductor's state and events --------------------------------------------
+
+
+def rows_by_workflow(ids: list[int], tasks: Sequence[TaskRow], dispatches: Sequence[DispatchRow]) -> dict[int, Rows]:
+    """The task and dispatch rows of the workflows ``ids`` (read together), by workflow."""
+    by_task: dict[int, list[TaskRow]] = {i: [] for i in ids}
+    by_dispatch: dict[int, list[DispatchRow]] = {i: [] for i in ids}
+    for t in tasks:
+        by_task[t["workflow_execution"]].append(t)
+    for d in dispatches:
+        by_dispatch[d["workflow_execution"]].append(d)
+    return {i: rows_of(by_task[i], by_dispatch[i]) for i in ids}
+
+
+def rows_of(tasks: Sequence[TaskRow], dispatches: Sequence[DispatchRow]) -> Rows:
     runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
                     t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
     ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
@@ -51,7 +179,7 @@ def rows_of(tasks: Sequence[Row], dispatches: Sequence[Row]) -> Rows:
     return Rows({(t.name, t.iteration): t for t in runs}, {d.key: d for d in ds})
 
 
-def state_of(wf: Row, rows: Rows) -> WorkflowState:
+def state_of(wf: WorkflowRow, rows: Rows) -> WorkflowState:
     return WorkflowState(
         status=wf["status"],
         context=wf["context"],
@@ -62,17 +190,18 @@ def state_of(wf: Row, rows: Rows) -> WorkflowState:
     )
 
 
-def event_of(row: dict[str, Any], wf: dict[str, Any]) -> Event | None:
+def event_of(row: EventRow, wf: WorkflowRow) -> Event | None:
     """A stored event as the conductor's; None for a stale one (a child that is no
     longer its dispatch's current execution: its chain moved on)."""
     kind, payload = row["kind"], row["payload"] or {}
     if kind == "start":
         return Started(parameters=wf["parameters"])
     if kind == "child_ended":
-        if row["task_name"] is None:
+        # The dispatch's columns are all set or all None (a LEFT JOIN that matched or not).
+        execution, task, iteration, status = row["execution"], row["task_name"], row["iteration"], row["child_status"]
+        if execution is None or task is None or iteration is None or status is None:
             return None
-        return ChildEnded(row["execution"], row["task_name"], row["iteration"], row["task_index"],
-                          row["child_status"], row["child_result"])  # fmt: skip
+        return ChildEnded(execution, task, iteration, row["task_index"], status, row["child_result"])
     if kind == "cancel":
         return CancelRequested(payload.get("policy", "allow_finish"))
     if kind == "pause":
@@ -121,12 +250,12 @@ class Writes:
 
     tasks: dict[str, list[Any]] = field(default_factory=lambda: _columns(*TASK_COLUMNS))
     dispatches: dict[str, list[Any]] = field(default_factory=lambda: _columns(*DISPATCH_COLUMNS))
-    children: list[tuple[dict[str, Any], NewChild]] = field(default_factory=list)  # (workflow row, child)
+    children: list[tuple[WorkflowRow, NewChild]] = field(default_factory=list)  # (workflow row, child)
     cancel: dict[str, list[Any]] = field(default_factory=lambda: _columns("ids", "bys"))
     update: dict[str, list[Any]] = field(default_factory=lambda: _columns(*UPDATE_COLUMNS))
     end: dict[str, list[Any]] = field(default_factory=lambda: _columns("executions", "statuses", "results"))
 
-    def add(self, wf: dict[str, Any], ref: str, step: Step, policy: str) -> None:
+    def add(self, wf: WorkflowRow, ref: str, step: Step, policy: str) -> None:
         wid = wf["id"]
         for t in step.tasks:
             items = None if t.items is None else Jsonb(t.items)
@@ -167,8 +296,8 @@ def _append(columns: dict[str, list[Any]], *values: Any) -> None:
 class Rows:
     """A workflow's task and dispatch rows as the conductor reads them."""
 
-    tasks: dict[tuple[str, int], TaskRun]
-    dispatches: dict[tuple[str, int, int | None], Dispatch]
+    tasks: dict[TaskKey, TaskRun]
+    dispatches: dict[DispatchKey, Dispatch]
 
 
 class RowCache:
@@ -196,7 +325,7 @@ class RowCache:
     def drop(self, wid: int) -> None:
         self._entries.pop(wid, None)
 
-    def put(self, wid: int, version: str, old: Rows, step: Step, executions: dict[tuple[str, int, int | None], int],
+    def put(self, wid: int, version: str, old: Rows, step: Step, executions: dict[DispatchKey, int],
             ended: bool) -> None:  # fmt: skip
         """``old`` with ``step`` applied as the statements applied it; ``executions``:
         the new children's ids by dispatch key."""

@@ -24,41 +24,55 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
+from psycopg import AsyncCursor, AsyncPipeline
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config.workflow import WorkflowBounds
 from conveyor.domain.documents import DEFAULT_LIMITS as DEFAULT_DOCUMENTS
 from conveyor.domain.documents import Limits as DocumentLimits
 from conveyor.executor.workflow_rows import (
     TERMINAL,
+    ActionRow,
     Charges,
+    ChildExecutionRow,
+    ChildRow,
+    ClaimRow,
+    DefinitionRow,
+    DispatchRow,
+    EventRow,
+    IdRow,
+    PendingRow,
     RowCache,
     Rows,
+    TaskRow,
+    TimeoutsRow,
+    VersionRow,
     WorkflowBroken,
+    WorkflowRow,
     Writes,
     event_of,
     over_bound,
     result_of,
-    rows_of,
+    rows_by_workflow,
     state_of,
+    typed,
 )
 from conveyor.expressions import Limits as ExpressionLimits
 from conveyor.ops import failpoints
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, AsyncConn, Pool
 from conveyor.store.queries import Q
 from conveyor.workflows.conductor import advance
 from conveyor.workflows.spec import WorkflowSpec
-from conveyor.workflows.state import CancelRequested, Event, Step, WorkflowState
+from conveyor.workflows.state import CancelRequested, DispatchKey, Event, Step, WorkflowState
 
 log = structlog.get_logger(__name__)
 
 ACTIVE = ("running", "paused", "canceling")  # the workflow's execution statuses that advance
 Decide = Callable[[WorkflowSpec, WorkflowState, Sequence[Event]], Step]
-Reading = tuple[list[int], Any, Any] | None  # ids, and the cursors of their task and dispatch rows
+Reading = tuple[list[int], AsyncCursor[TaskRow], AsyncCursor[DispatchRow]]  # ids; their tasks' and dispatches'
+Executions = dict[int, dict[DispatchKey, int]]  # the children made, by workflow and dispatch key
 __all__ = ["Advancer", "PassResult", "WorkflowBroken"]
 
 
@@ -70,7 +84,7 @@ class PassResult:
 
 
 class Advancer:
-    def __init__(self, pool: AsyncConnectionPool[Any], *, batch_size: int = 50, decide: Decide | None = None,
+    def __init__(self, pool: Pool, *, batch_size: int = 50, decide: Decide | None = None,
                  bounds: WorkflowBounds | None = None, documents: DocumentLimits | None = None) -> None:  # fmt: skip
         self._pool = pool
         self._batch_size = batch_size
@@ -91,7 +105,7 @@ class Advancer:
     async def timeouts(self) -> int:
         """Task and workflow deadlines passed -> 'timeout' events (the reconciler)."""
         async with self._pool.connection() as conn:
-            row = await (await conn.execute(Q["workflow_timeouts"])).fetchone()
+            row = await typed(TimeoutsRow, await conn.execute(Q["workflow_timeouts"])).fetchone()
         return int(row["events"]) if row else 0
 
     async def advance(self, workflow_id: int) -> str:
@@ -141,7 +155,7 @@ class Advancer:
             await self._fail(wid, exc)
         return PassResult(advanced, len(broken), len(seen) - advanced - len(broken))
 
-    async def _advance(self, conn: Any, pipeline: Any, ids: list[int] | None, seen: list[int],
+    async def _advance(self, conn: AsyncConn, pipeline: AsyncPipeline, ids: list[int] | None, seen: list[int],
                        broken: dict[int, Exception]) -> tuple[int, Callable[[], Awaitable[None]]]:  # fmt: skip
         """Lock, read, decide and apply; the workflows that broke before any write go into
         ``broken`` (their events left for :meth:`_fail`). Returns how many advanced, and
@@ -152,21 +166,22 @@ class Advancer:
         rows, events, tasks and dispatches; the dispatch claims; the children; the rest
         with the commit."""
         if ids is None:  # the first statement: BEGIN travels with it
-            cursor = await conn.execute(Q["workflow_pending_try_lock"], {"limit": self._batch_size})
+            cursor = typed(PendingRow, await conn.execute(Q["workflow_pending_try_lock"], {"limit": self._batch_size}))
             pending = await cursor.fetchall()
             seen += [r["id"] for r in pending]
             locked = [r["id"] for r in pending if r["locked"]]
         else:
-            locked = [r["id"] for r in await (await conn.execute(Q["workflow_try_lock"], {"ids": ids})).fetchall()]
+            cursor_ids = typed(IdRow, await conn.execute(Q["workflow_try_lock"], {"ids": ids}))
+            locked = [r["id"] for r in await cursor_ids.fetchall()]
         if not locked:
             return 0, _nothing
-        lock_rows = await conn.execute(Q["workflow_lock"], {"ids": locked})
-        event_rows = await conn.execute(Q["workflow_events"], {"ids": locked})
+        lock_rows = typed(WorkflowRow, await conn.execute(Q["workflow_lock"], {"ids": locked}))
+        event_rows = typed(EventRow, await conn.execute(Q["workflow_events"], {"ids": locked}))
         # Rows not cached are read in the same round trip (a cached version that turns out
         # stale costs one more, in _rows).
         reading = await self._read_rows(conn, [wid for wid in locked if not self._cache.has(wid)])
         wfs = await lock_rows.fetchall()
-        events: dict[int, list[dict[str, Any]]] = {}
+        events: dict[int, list[EventRow]] = {}
         for r in await event_rows.fetchall():
             events.setdefault(r["workflow_execution"], []).append(r)
         wfs = [wf for wf in wfs if wf["id"] in events]
@@ -177,7 +192,7 @@ class Advancer:
             if wf not in live:
                 self._cache.drop(wf["id"])
         consumed: list[int] = [e["id"] for wf in wfs if wf not in live for e in events[wf["id"]]]
-        decided: list[tuple[dict[str, Any], str, Step | None, str]] = []
+        decided: list[tuple[WorkflowRow, str, Step | None, str]] = []
         for wf in live:
             try:
                 spec = await self._spec(conn, wf["workflow_ref"], wf["version"])
@@ -190,7 +205,7 @@ class Advancer:
                                                      for c in step.children})  # fmt: skip
         writes = Writes()
         charges = Charges()
-        applied: list[tuple[dict[str, Any], Step]] = []
+        applied: list[tuple[WorkflowRow, Step]] = []
         for wf, ref, step, policy in decided:
             missing = sorted({f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step
                              else ())  # fmt: skip
@@ -220,8 +235,8 @@ class Advancer:
 
         return len(wfs) - len(broken), done
 
-    def _step(self, spec: WorkflowSpec, state: WorkflowState, wf: dict[str, Any],
-              rows: list[dict[str, Any]]) -> tuple[Step | None, str]:  # fmt: skip
+    def _step(self, spec: WorkflowSpec, state: WorkflowState, wf: WorkflowRow,
+              rows: list[EventRow]) -> tuple[Step | None, str]:  # fmt: skip
         events = [e for e in (event_of(r, wf) for r in rows) if e is not None]
         policy = wf["cancel_policy"]
         for e in events:
@@ -230,11 +245,12 @@ class Advancer:
         step = self._decide(spec, state, events) if events else None
         return step, policy
 
-    async def _spec(self, conn: Any, ref: str, version: int) -> WorkflowSpec:
+    async def _spec(self, conn: AsyncConn, ref: str, version: int) -> WorkflowSpec:
         key = (ref, version)
         spec = self._specs.get(key)
         if spec is None:
-            row = await (await conn.execute(Q["workflow_definition"], {"ref": ref, "version": version})).fetchone()
+            params = {"ref": ref, "version": version}
+            row = await typed(DefinitionRow, await conn.execute(Q["workflow_definition"], params)).fetchone()
             if row is None:
                 raise WorkflowBroken(f"definition {ref} version {version} not found")
             try:
@@ -244,45 +260,45 @@ class Advancer:
             self._specs[key] = spec
         return spec
 
-    async def _unknown_actions(self, conn: Any, refs: set[str]) -> set[str]:
+    async def _unknown_actions(self, conn: AsyncConn, refs: set[str]) -> set[str]:
         """The refs with no action row. Known ones are remembered: an action deleted
         since is still caught by the children's insert (it fails the batch, then the
         workflow alone)."""
         ask = sorted(refs - self._actions)
         if not ask:
             return set()
-        rows = await (await conn.execute(Q["workflow_existing_actions"], {"refs": ask})).fetchall()
+        rows = await typed(ActionRow, await conn.execute(Q["workflow_existing_actions"], {"refs": ask})).fetchall()
         self._actions.update(r["ref"] for r in rows)
         return set(ask) - self._actions
 
-    async def _read_rows(self, conn: Any, ids: list[int]) -> Reading:
+    async def _read_rows(self, conn: AsyncConn, ids: list[int]) -> Reading | None:
         """Send the reads of these workflows' task and dispatch rows (fetched by _rows)."""
         if not ids:
             return None
-        tasks = await conn.execute(Q["workflow_tasks"], {"ids": ids})
-        return ids, tasks, await conn.execute(Q["workflow_dispatches"], {"ids": ids})
+        tasks = typed(TaskRow, await conn.execute(Q["workflow_tasks"], {"ids": ids}))
+        return ids, tasks, typed(DispatchRow, await conn.execute(Q["workflow_dispatches"], {"ids": ids}))
 
-    async def _rows(self, conn: Any, wfs: list[dict[str, Any]], reading: Reading) -> dict[int, Rows]:
+    async def _rows(self, conn: AsyncConn, wfs: list[WorkflowRow], reading: Reading | None) -> dict[int, Rows]:
         """Each workflow's task and dispatch rows: cached (at its row version), or read."""
         found = {wf["id"]: self._cache.get(wf["id"], wf["row_version"]) for wf in wfs}
         rows = {wid: r for wid, r in found.items() if r is not None}
-        read: list[int] = []
         if reading is not None:
-            read, *cursors = reading
-            rows |= await _rows_from(read, *cursors)
+            rows |= await _rows_from(reading)
         stale = [wid for wid, r in found.items() if r is None and wid not in rows]
         if stale:  # cached at another version (changed elsewhere): read now
             stale_reading = await self._read_rows(conn, stale)
             assert stale_reading is not None
-            rows |= await _rows_from(*stale_reading)
+            rows |= await _rows_from(stale_reading)
         return rows
 
-    async def _apply(self, conn: Any, writes: Writes, charges: Charges) -> tuple[Any, dict[int, dict[Any, int]]]:
+    async def _apply(
+        self, conn: AsyncConn, writes: Writes, charges: Charges
+    ) -> tuple[AsyncCursor[VersionRow] | None, Executions]:
         """The batch's decisions, one statement per kind of write, sent without waiting
         but for the children (their dispatch claims, then their ids). Returns the cursor
         of the workflow rows' new versions (read after the commit), and the new children's
         ids by dispatch key of each workflow whose children were all made here."""
-        executions: dict[int, dict[Any, int]] = {wid: {} for wid in writes.update["ids"]}
+        executions: Executions = {wid: {} for wid in writes.update["ids"]}
         if writes.tasks["wids"]:
             await conn.execute(Q["workflow_upsert_tasks"], writes.tasks)
         if writes.dispatches["wids"]:
@@ -294,15 +310,17 @@ class Advancer:
             await conn.execute(Q["workflow_charge_trees"], charges.params(self._bounds))
         if writes.cancel["ids"]:
             await conn.execute(Q["workflow_cancel_children"], writes.cancel)
-        updated = await conn.execute(Q["workflow_update"], writes.update) if writes.update["ids"] else None
+        updated = None
+        if writes.update["ids"]:
+            updated = typed(VersionRow, await conn.execute(Q["workflow_update"], writes.update))
         if writes.end["executions"]:
             await conn.execute(Q["workflow_resume_execution"], {"executions": writes.end["executions"]})
             await conn.execute(Q["workflow_end_execution"], writes.end)
         return updated, executions
 
-    async def _request_children(self, conn: Any, writes: Writes, executions: dict[int, dict[Any, int]],
+    async def _request_children(self, conn: AsyncConn, writes: Writes, executions: Executions,
                                 charges: Charges) -> None:  # fmt: skip
-        cursor = await conn.execute(Q["workflow_claim_dispatches"], writes.claims())
+        cursor = typed(ClaimRow, await conn.execute(Q["workflow_claim_dispatches"], writes.claims()))
         claimed = {(r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
                    for r in await cursor.fetchall()}  # fmt: skip
         failpoints.reach("workflow.after_dispatch_row")
@@ -318,12 +336,12 @@ class Advancer:
             return
         for _, wf, _ in new:  # the children made here, not those a replay found made
             charges.executions[wf["id"]] = charges.executions.get(wf["id"], 0) + 1
-        cursor = await conn.execute(Q["workflow_request_children"], {
+        children = typed(ChildRow, await conn.execute(Q["workflow_request_children"], {
             "dispatches": [d for d, _, _ in new], "parents": [wf["execution"] for _, wf, _ in new],
             "refs": [c.action_ref for *_, c in new], "parameters": [Jsonb(c.parameters) for *_, c in new],
             "delays": [c.delay for *_, c in new],
-        })  # fmt: skip
-        made = {r["id"]: r["execution"] for r in await cursor.fetchall()}
+        }))  # fmt: skip
+        made = {r["id"]: r["execution"] for r in await children.fetchall()}
         missing = sorted({f"{c.task}: {c.action_ref}" for d, _, c in new if d not in made})
         if missing:  # an action deleted since it was checked: the batch rolls back
             raise WorkflowBroken("unknown action (task: action): " + ", ".join(missing))
@@ -345,11 +363,12 @@ class Advancer:
             async with self._pool.connection() as conn, conn.transaction():
                 ids = [workflow_id]
                 await conn.execute(Q["workflow_try_lock"], {"ids": ids})
-                wf = await (await conn.execute(Q["workflow_lock"], {"ids": ids})).fetchone()
+                wf = await typed(WorkflowRow, await conn.execute(Q["workflow_lock"], {"ids": ids})).fetchone()
                 if wf is None:
                     return
-                rows = await (await conn.execute(Q["workflow_events"], {"ids": ids})).fetchall()
-                running = await (await conn.execute(Q["workflow_running_children"], {"id": workflow_id})).fetchall()
+                rows = await typed(EventRow, await conn.execute(Q["workflow_events"], {"ids": ids})).fetchall()
+                children = await conn.execute(Q["workflow_running_children"], {"id": workflow_id})
+                running = await typed(ChildExecutionRow, children).fetchall()
                 if running:
                     by = f"workflow execution {wf['execution']}"
                     await conn.execute(Q["workflow_cancel_children"], {
@@ -373,14 +392,9 @@ class Advancer:
             log.exception("could not fail a broken workflow; retried at the next pass", workflow_execution=workflow_id)
 
 
-async def _rows_from(ids: list[int], tasks_cursor: Any, dispatches_cursor: Any) -> dict[int, Rows]:
-    tasks: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
-    dispatches: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
-    for t in await tasks_cursor.fetchall():
-        tasks[t["workflow_execution"]].append(t)
-    for d in await dispatches_cursor.fetchall():
-        dispatches[d["workflow_execution"]].append(d)
-    return {i: rows_of(tasks[i], dispatches[i]) for i in ids}
+async def _rows_from(reading: Reading) -> dict[int, Rows]:
+    ids, tasks, dispatches = reading
+    return rows_by_workflow(ids, await tasks.fetchall(), await dispatches.fetchall())
 
 
 async def _nothing() -> None:

@@ -13,11 +13,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.actions.core import core
 from conveyor.actions.registry import ActionDefinition, default_registry
@@ -27,6 +25,8 @@ from conveyor.executor.service import ExecutorService
 from conveyor.service.health import HealthServer
 from conveyor.store.db import (
     IDLE_IN_TRANSACTION,
+    Conn,
+    Pool,
     check_pool_url,
     check_pooled_sessions,
     connect_sync,
@@ -66,7 +66,7 @@ def load_actions(imports: Sequence[str]) -> list[ActionDefinition]:
     return list(actions.values())
 
 
-def upsert_actions(conn: psycopg.Connection[Any], definitions: Iterable[ActionDefinition]) -> None:
+def upsert_actions(conn: Conn, definitions: Iterable[ActionDefinition]) -> None:
     for definition in definitions:
         conn.execute(Q["upsert_action"], action_row(definition))
 
@@ -239,7 +239,7 @@ def _display_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-async def _bootstrap_token(pool: AsyncConnectionPool[Any]) -> str | None:
+async def _bootstrap_token(pool: Pool) -> str | None:
     """An admin token for the first start (none exists yet); None afterwards."""
     from conveyor.api.auth import Role, create_token
 

@@ -22,18 +22,16 @@ from typing import Any
 import prometheus_client
 import psycopg
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import HealthSettings
 from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import Pool
 
 log = structlog.get_logger(__name__)
 
 
 class HealthServer:
-    def __init__(
-        self, cfg: HealthSettings, pool: AsyncConnectionPool[Any], ready: Callable[[], dict[str, bool]]
-    ) -> None:
+    def __init__(self, cfg: HealthSettings, pool: Pool, ready: Callable[[], dict[str, bool]]) -> None:
         self._cfg = cfg
         self._pool = pool
         self._ready = ready

@@ -162,7 +162,7 @@ def make_pool(
     )
 
 
-async def _keep_reconnecting(pool: AsyncConnectionPool[Any]) -> None:
+async def _keep_reconnecting(pool: Pool) -> None:
     """The pool gave up one reconnection attempt (reconnect_timeout): while it holds fewer
     connections than its minimum -- all of them lost, the database down -- start another
     at once instead of waiting for the next request. ``check()`` is the pool's public door
@@ -200,7 +200,7 @@ def pooler_hint(exc: BaseException) -> str:
     )
 
 
-async def check_pooled_sessions(pool: AsyncConnectionPool[Any], schema: str) -> None:
+async def check_pooled_sessions(pool: Pool, schema: str) -> None:
     """Behind a transaction pooler the pool's sessions get their search_path from the
     server (the role's or database's default, or the pooler's connect_query), not from
     Conveyor: refuse to start when it does not lead to the schema -- every named query

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,6 +13,7 @@ from conveyor.actions.registry import ActionDefinition
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.placement import Candidate, Claim, free_capacity
 from conveyor.domain.status import ExecutionStatus
+from conveyor.store.db import Row
 
 
 def action_row(definition: ActionDefinition) -> dict[str, Any]:
@@ -33,7 +34,7 @@ class Decisions:
     delays: list[float | None] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def add(self, row: Mapping[str, Any], decision: Decision) -> None:
+    def add(self, row: Row, decision: Decision) -> None:
         self.ids.append(row["id"])
         self.attempts.append(row["attempt"])
         self.statuses.append(decision.status.value)

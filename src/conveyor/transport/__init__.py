@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg_pool import AsyncConnectionPool
-
 from conveyor.config import Settings
+from conveyor.store.db import Pool
 from conveyor.transport.base import Transport
 from conveyor.transport.postgres import PostgresTransport
 
 
-def make_transport(
-    settings: Settings, url: str, pool: AsyncConnectionPool[Any], *, relay: bool, application_name: str
-) -> Transport:
+def make_transport(settings: Settings, url: str, pool: Pool, *, relay: bool, application_name: str) -> Transport:
     """The configured transport. ``relay``: this process publishes the outbox (executors)."""
     if settings.transport == "rabbitmq":
         from conveyor.transport.rabbitmq import RabbitMQTransport  # the broker client only when used

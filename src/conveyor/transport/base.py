@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import psycopg
 import structlog
 
+from conveyor.store.db import AsyncConn
 from conveyor.store.wakeups import Topic as Topic
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Transport(ABC):
         """Messages waiting in the broker's dead-letter queue, if there is one."""
         return None
 
-    async def declare_route(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def declare_route(self, conn: AsyncConn) -> None:
         """Make the database publish wake-ups for this transport (``transport_route``);
         executors and workers call it at start."""
         row = await (await conn.execute("SELECT was FROM set_transport_route(%s)", (self.kind,))).fetchone()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any
 
 import psycopg
 import structlog
 
 from conveyor.ops.metrics import transport_error
-from conveyor.store.db import RECONNECT_INTERVAL, channel, conninfo_kwargs, listen_statement
+from conveyor.store.db import RECONNECT_INTERVAL, AsyncConn, channel, conninfo_kwargs, listen_statement
 from conveyor.transport.base import Doorbell, Topic, Transport
 
 log = structlog.get_logger(__name__)
@@ -89,7 +88,7 @@ class PostgresTransport(Transport):
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._max_delay)
 
-    async def _listen(self, conn: psycopg.AsyncConnection[Any], ready: asyncio.Event) -> None:
+    async def _listen(self, conn: AsyncConn, ready: asyncio.Event) -> None:
         for name in self._bells:
             await conn.execute(listen_statement(name))
         self._connected = True

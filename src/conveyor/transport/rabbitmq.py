@@ -49,13 +49,13 @@ from urllib.parse import urlsplit
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.ops.metrics import transport_error
+from conveyor.store.db import Pool
 from conveyor.transport import messages as m
 from conveyor.transport.amqp_in import DeadLetterConsumer, dead_letter_copy
 from conveyor.transport.base import DeadLetterSink, Doorbell, Topic, Transport
@@ -92,9 +92,7 @@ def node_of(url: str) -> str:
 class RabbitMQTransport(Transport):
     kind = "rabbitmq"
 
-    def __init__(
-        self, settings: Settings, db_url: str, pool: AsyncConnectionPool[Any], *, relay: bool, application_name: str
-    ) -> None:
+    def __init__(self, settings: Settings, db_url: str, pool: Pool, *, relay: bool, application_name: str) -> None:
         self._settings = settings
         self._mq = settings.message_queue
         self.names = m.Names(self._mq.prefix, settings.dead_letter_exchange)
@@ -108,7 +106,7 @@ class RabbitMQTransport(Transport):
         self._relay = OutboxRelay(pool, self, settings) if relay else None
         self._outbox_bell = self._pg.subscribe(Topic.OUTBOX) if relay else None
         self._broker_up = False
-        self._connection: AbstractRobustConnection | None = None
+        self._connection: AbstractConnection | None = None
         self._publish_channel: AbstractChannel | None = None
         self._declared: dict[int, float] = {}  # worker queue -> when this session declared it
         # Where the first connection attempt starts in the list of nodes: a random node, so
@@ -171,7 +169,7 @@ class RabbitMQTransport(Transport):
 
     # -- the broker session ----------------------------------------------------------
 
-    async def _connect(self) -> tuple[Any, int]:
+    async def _connect(self) -> tuple[AbstractConnection, int]:
         """A connection to the first node that answers, trying them from ``self._next``
         on; the connected node's index. Raises the last error when none answers."""
         urls = self._mq.urls
@@ -225,7 +223,7 @@ class RabbitMQTransport(Transport):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _session(self, connection: Any, closed: asyncio.Event, node: str) -> None:
+    async def _session(self, connection: AbstractConnection, closed: asyncio.Event, node: str) -> None:
         publish = await connection.channel(publisher_confirms=True)
         await self._declare_shared(publish)
         self._publish_channel = publish

@@ -13,16 +13,15 @@ them in the order they were committed (for one relay; replicas relay disjoint ba
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aio_pika
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import Settings
 from conveyor.ops import failpoints
 from conveyor.ops.metrics import OUTBOX_DEPTH, OUTBOX_PUBLISHED, transport_error
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, Pool, Row
 from conveyor.store.queries import Q
 from conveyor.transport import messages as m
 from conveyor.transport.base import Doorbell
@@ -34,7 +33,7 @@ log = structlog.get_logger(__name__)
 
 
 class OutboxRelay:
-    def __init__(self, pool: AsyncConnectionPool[Any], transport: RabbitMQTransport, settings: Settings) -> None:
+    def __init__(self, pool: Pool, transport: RabbitMQTransport, settings: Settings) -> None:
         self._pool = pool
         self._transport = transport
         self._batch = settings.message_queue.rabbitmq.relay_batch
@@ -109,7 +108,7 @@ class OutboxRelay:
         return result
 
 
-def _worker_of(row: dict[str, Any]) -> int | None:
+def _worker_of(row: Row) -> int | None:
     """The worker a dispatch row is for, from its routing key (a malformed row is still
     published: the worker's consumer dead-letters it, rather than the relay stalling)."""
     prefix = m.Names.worker_key(0)[:-1]
@@ -117,7 +116,7 @@ def _worker_of(row: dict[str, Any]) -> int | None:
     return int(key[len(prefix) :]) if key.startswith(prefix) and key[len(prefix) :].isdigit() else None
 
 
-def _message(row: dict[str, Any]) -> aio_pika.Message:
+def _message(row: Row) -> aio_pika.Message:
     return aio_pika.Message(
         m.encode(row["message_id"], row["message_type"], row["payload"], row["created"]),
         message_id=row["message_id"],

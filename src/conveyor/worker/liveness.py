@@ -58,7 +58,7 @@ from psycopg.rows import dict_row
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.status import InactiveReason, WorkerStatus
-from conveyor.store.db import PROCESS_TAG, conninfo_kwargs, server_restarting
+from conveyor.store.db import PROCESS_TAG, AsyncConn, Row, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 from conveyor.worker.runners.isolated import Lease
 
@@ -102,7 +102,7 @@ class Liveness:
         self._on_lost = on_lost
         self._on_rejoined = on_rejoined
         self._on_new_server = on_new_server
-        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        self._conn: AsyncConn | None = None
         self.worker_id: int | None = None
         self.lock_epoch: Any = None  # the server epoch our lock was taken in (migration 0011)
         self.last_ok = time.monotonic()
@@ -334,7 +334,7 @@ class Liveness:
     async def _register(self) -> None:
         """Take the row and the lock in one transaction."""
         assert self._conn is not None
-        orphans: list[dict[str, Any]] = []
+        orphans: list[Row] = []
         async with self._conn.transaction():
             previous = await (await self._conn.execute(Q["worker_by_name"], {"name": self.name})).fetchone()
             row = await (await self._conn.execute(Q["register_worker"], self._registration)).fetchone()

@@ -18,13 +18,11 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, Pool
 from conveyor.store.queries import Q
 
 log = structlog.get_logger(__name__)
@@ -102,7 +100,7 @@ class RunOutput:
 
 
 class OutputWriter:
-    def __init__(self, pool: AsyncConnectionPool[Any], worker: str, *, limit: int, interval: float) -> None:
+    def __init__(self, pool: Pool, worker: str, *, limit: int, interval: float) -> None:
         self._pool = pool
         self._worker = worker
         self._limit = limit

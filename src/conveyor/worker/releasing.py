@@ -10,12 +10,11 @@ import asyncio
 from typing import Any, Literal
 
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.config import WorkerSettings
 from conveyor.domain.outcome import AttemptEnd, after_interrupted
 from conveyor.domain.status import ExecutionStatus, WorkerStatus
-from conveyor.store.db import SESSION_ENDED
+from conveyor.store.db import SESSION_ENDED, Pool
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
 from conveyor.worker.liveness import Liveness
@@ -27,7 +26,7 @@ log = structlog.get_logger(__name__)
 class Releasing:
     name: str
     cfg: WorkerSettings
-    _pool: AsyncConnectionPool[Any]
+    _pool: Pool
     _runs: Runs
     _liveness: Liveness
     _on_worker_lost: Literal["retry", "abandon"]

@@ -20,13 +20,12 @@ import psycopg
 import structlog
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import ERROR_LIMIT, clean_text
 from conveyor.ops import failpoints
-from conveyor.store.db import RECONNECT_INTERVAL
+from conveyor.store.db import RECONNECT_INTERVAL, Pool
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun
 from conveyor.worker.instrument import observe_result
@@ -76,7 +75,7 @@ class Refill(Protocol):
 class ResultWriter:
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         worker: str,
         refill: Refill | None = None,
         retry_max: float = RECONNECT_INTERVAL,

@@ -30,7 +30,6 @@ from typing import Any
 import structlog
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 import conveyor
 from conveyor.actions.context import ExecutionContext, running
@@ -41,7 +40,7 @@ from conveyor.domain.models import ActionResult
 from conveyor.domain.outcome import AttemptEnd, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import InactiveReason
-from conveyor.store.db import SESSION_ENDED, log_operational
+from conveyor.store.db import SESSION_ENDED, Pool, log_operational
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun, action_row
 from conveyor.transport.base import Doorbell, Topic, Transport
@@ -66,7 +65,7 @@ class WorkerService(Releasing):
         self,
         settings: Settings,
         direct_url: str,  # the liveness session's (database.direct_url): never through a pooler
-        pool: AsyncConnectionPool[Any],
+        pool: Pool,
         transport: Transport,
         actions: list[ActionDefinition],
     ) -> None:

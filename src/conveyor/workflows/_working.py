@@ -74,6 +74,7 @@ class Working:
         # chain through transitions within one advancement).
         self.to_start: deque[tuple[TaskKey, bool]] = deque()
         self._view: dict[str, dict[str, Any]] | None = None
+        self._inbound: dict[str, frozenset[str]] = {}
 
     # -- rows ------------------------------------------------------------------------
 
@@ -126,6 +127,15 @@ class Working:
         else:
             self.deferred.discard(key)
             self.children[key] = child
+
+    def inbound(self, name: str) -> frozenset[str]:
+        """The distinct tasks with a transition to ``name``: a join waits for one arrival
+        from each (Orquesta counts inbound tasks, so a task routing both its success and
+        its failure to the join counts once)."""
+        found = self._inbound.get(name)
+        if found is None:
+            found = self._inbound[name] = frozenset(self.spec.inbound(name))
+        return found
 
     # -- status ----------------------------------------------------------------------
 
