@@ -2,8 +2,8 @@
 letter's replay, a token's creation and revocation, the operator's purge of dead letters --
 are each one function of migration 0035, and nothing else writes what they write: no named
 query holds raw DML on their tables besides the other verbs' (pinned here), no Python module
-carries SQL that writes them, and each verb's named query is executed only by its thin
-callers (the SDK, the API, the CLI)."""
+carries SQL that writes them, and each verb's named query is executed only by its verb
+module (conveyor.verbs; the SDK, the API and the CLI run the verb)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from conveyor.store.queries import Q
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "conveyor"
 MIGRATIONS = SRC / "store" / "sql" / "migrations"
-# A named query executed: ``Q["x"]``, or a verb's ``sql("x", ...)`` statement (verbs/drive.py).
-USED = re.compile(r"""\bQ\[\s*["'](\w+)["']\s*\]|\bsql\(\s*["'](\w+)["']""")
+# A named query run where it is written (Q["x"]) or yielded by a verb (sql("x", ...)).
+USED = re.compile(r"""\b(?:Q\[|sql\()\s*["'](\w+)["']""")
 DML = r"(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+{table}\b"
 
 # Each verb's named query, the SQL function it is, and the modules that execute it.
 VERBS = {
     "patch_schedule": ("patch_schedule", {"verbs/schedules.py"}),
     "replay_dead_letter": ("replay_dead_letter", {"verbs/dead_letters.py"}),
-    "purge_dead_letters": ("purge_dead_letters", {"cli/dead_letters.py", "api/routes/dead_letters.py"}),
-    "create_token": ("create_api_token", {"cli/tokens.py", "api/auth.py"}),
-    "revoke_token": ("revoke_api_token", {"cli/tokens.py", "api/routes/resources.py"}),
+    "purge_dead_letters": ("purge_dead_letters", {"verbs/dead_letters.py"}),
+    "create_token": ("create_api_token", {"verbs/tokens.py"}),
+    "revoke_token": ("revoke_api_token", {"verbs/tokens.py"}),
 }
 # The named queries that may still write these tables, and why: other verbs, not these four.
 OTHER_WRITERS = {
@@ -39,7 +39,7 @@ def _executed_from() -> dict[str, set[str]]:
     where: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         for m in USED.finditer(path.read_text(encoding="utf-8")):
-            where.setdefault(m.group(1) or m.group(2), set()).add(str(path.relative_to(SRC)))
+            where.setdefault(m.group(1), set()).add(str(path.relative_to(SRC)))
     return where
 
 

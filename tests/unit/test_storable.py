@@ -253,7 +253,7 @@ def test_storable_problems_name_the_path_of_each_problem() -> None:
 def test_an_answer_with_a_nul_is_refused_before_the_database() -> None:
     """A schema may well accept {"r": "a\\u0000b"}: jsonb does not (a traceback before)."""
     from conveyor.domain.errors import InvalidAnswerError
-    from conveyor.verbs.common import check_answer
+    from conveyor.verbs.inquiries import check_answer
 
     with pytest.raises(InvalidAnswerError) as refused:
         check_answer(7, {"type": "object"}, {"r": "a\x00b"})

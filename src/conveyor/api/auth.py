@@ -10,8 +10,11 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request, status
 
 from conveyor.api.context import ApiPool
-from conveyor.domain.tokens import Role, token_hash, token_row
+from conveyor.domain.tokens import Role, token_hash
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
+from conveyor.verbs import tokens
+from conveyor.verbs.drive import run_async
 
 __all__ = ["Admin", "Operator", "Principal", "Role", "Viewer", "authenticate", "create_token"]
 
@@ -27,10 +30,9 @@ class Principal:
     role: Role
 
 
-async def create_token(conn: Any, name: str, role: Role) -> tuple[str, dict[str, Any]]:
-    token, params = token_row(name, role)
-    row = await (await conn.execute(Q["create_token"], params)).fetchone()
-    return token, dict(row)
+async def create_token(conn: AsyncConn, name: str, role: Role) -> tuple[str, dict[str, Any]]:
+    """A new token (shown only now) and its row: ``conveyor.verbs.tokens.create``."""
+    return await run_async(conn, tokens.create(name, role))
 
 
 class TokenCache:

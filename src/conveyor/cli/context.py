@@ -155,9 +155,9 @@ APPLICATION_NAME = "conveyor-cli"
 
 @contextmanager
 def sql_session() -> Iterator[psycopg.Connection[Row]]:
-    """An autocommit session for the commands that call SQL functions directly (dead
-    letters, purge). A missing table (a database never migrated, or by an older Conveyor)
-    is reported by main: schema_problem."""
+    """An autocommit session for the commands that call SQL functions directly (purge).
+    A missing table (a database never migrated, or by an older Conveyor) is reported by
+    main: schema_problem."""
     settings = state.loaded.settings
     with connect_sync(
         resolve_direct_url(settings), settings.database.schema_name, APPLICATION_NAME, autocommit=True

@@ -7,20 +7,17 @@ look at the records, publish a message again, and delete records.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import textwrap
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from conveyor.cli.context import (
-    APPLICATION_NAME,
     JsonOption,
     JsonResultOption,
     confirm,
@@ -28,20 +25,15 @@ from conveyor.cli.context import (
     err_console,
     line,
     print_json,
-    sql_session,
     state,
     styled,
     when,
 )
-from conveyor.config import Settings
 from conveyor.domain.dead_letters import DeadLetterReason, Resolution
 from conveyor.domain.delays import DurationTooLong
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.retention import RetentionError, parse_age
-from conveyor.service.embedded import resolve_direct_url
-from conveyor.store.db import Row, make_pool
-from conveyor.store.queries import Q
-from conveyor.verbs.dead_letters import Outcome, replay_one
+from conveyor.verbs.dead_letters import Outcome, PurgeFilters
 
 app = typer.Typer(help="Inspect, replay and purge dead-lettered messages.", no_args_is_help=True)
 
@@ -106,9 +98,6 @@ class Filters:
         }
 
 
-# -- database -------------------------------------------------------------------------------
-
-
 def _resolution(value: str | None) -> str:
     return value or "pending"
 
@@ -143,8 +132,8 @@ def list_(
 ) -> None:
     """Newest dead letters first."""
     filters = Filters(reason, resolution, execution, queue, since)
-    with sql_session() as conn:
-        rows = conn.execute(Q["list_dead_letters"], {**filters.params(), "limit": limit}).fetchall()
+    with state.client() as client:
+        rows = client.dead_letters(**filters.params(), limit=limit)
     if as_json:
         print_json(rows)
         return
@@ -175,20 +164,13 @@ def _text(value: Any) -> str:
 # -- show -----------------------------------------------------------------------------------
 
 
-def _get(conn: psycopg.Connection[Row], dead_letter_id: int) -> Row:
-    row = conn.execute(Q["get_dead_letter"], {"id": dead_letter_id}).fetchone()
-    if row is None:
-        raise ConveyorError(f"no dead letter with id {dead_letter_id}")
-    return row
-
-
 @app.command()
 def show(
     dead_letter_id: Annotated[int, typer.Argument(metavar="ID", help="Dead letter id")], as_json: bool = JsonOption
 ) -> None:
     """One dead letter: every column, with the message body (payload) and headers."""
-    with sql_session() as conn:
-        row = _get(conn, dead_letter_id)
+    with state.client() as client:
+        row = client.dead_letter(dead_letter_id)
     if as_json:
         print_json(row)
         return
@@ -213,26 +195,9 @@ def show(
 # -- replay -----------------------------------------------------------------------------------
 
 
-async def _replay(settings: Settings, url: str, ids: list[int], *, skip_replayed: bool, quiet: bool) -> list[Outcome]:
-    """Each letter in its own transaction: lock it, publish it again through the
-    transport in use (a NOTIFY, or an outbox row for the relay), mark it replayed.
-    ``quiet``: report errors only (stdout is for --json's document)."""
-    schema = settings.database.schema_name
-    pool = make_pool(url, schema, APPLICATION_NAME, 2)
-    await pool.open(wait=True, timeout=10)
-    outcomes: list[Outcome] = []
-    try:
-        for dead_letter_id in ids:
-            async with pool.connection() as conn, conn.transaction():
-                outcome = await replay_one(conn, dead_letter_id, by=REPLAYED_BY, skip_replayed=skip_replayed)
-            _report(outcome, quiet)
-            outcomes.append(outcome)
-    finally:
-        await pool.close()
-    return outcomes
-
-
 def _report(outcome: Outcome, quiet: bool) -> None:
+    """One letter's outcome as it comes; ``quiet``: errors only (stdout is for --json's
+    document)."""
     if outcome.error:
         err_console.print(line(("error:", "red"), f" {outcome.error}"), highlight=False)
     elif quiet:
@@ -272,30 +237,30 @@ def replay(
             "replay needs dead letter ids or at least one filter "
             "(--reason, --resolution, --execution, --queue, --since)"
         )
-    settings = state.loaded.settings
-    url = resolve_direct_url(settings)
-    if ids:
-        selected = list(dict.fromkeys(ids))
-    else:
-        include_replayed = resolution is Resolution.REPLAYED
-        with sql_session() as conn:
-            params = {**filters.params(), "include_replayed": include_replayed, "limit": limit + 1}
-            selected = [r["id"] for r in conn.execute(Q["select_dead_letters"], params).fetchall()]
-        if not selected:
-            if as_json:
-                print_json([])
-            else:
-                console.print("no dead letters match")
-            return
-        more = len(selected) > limit
-        selected = selected[:limit]
-        if more:
-            note = f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)"
-            (err_console if as_json else console).print(note)
-        if not yes and not confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?", err=as_json):
-            raise ConveyorError("not confirmed; nothing replayed (--yes skips the question)")
-    skip_replayed = not ids and resolution is not Resolution.REPLAYED
-    outcomes = asyncio.run(_replay(settings, url, selected, skip_replayed=skip_replayed, quiet=as_json))
+    with state.client() as client:
+        if ids:
+            selected = list(dict.fromkeys(ids))
+        else:
+            include_replayed = resolution is Resolution.REPLAYED
+            selected = client.dead_letter_ids(**filters.params(), include_replayed=include_replayed, limit=limit + 1)
+            if not selected:
+                if as_json:
+                    print_json([])
+                else:
+                    console.print("no dead letters match")
+                return
+            more = len(selected) > limit
+            selected = selected[:limit]
+            if more:
+                note = f"more than {limit} dead letters match: the oldest {limit} are selected (raise --limit)"
+                (err_console if as_json else console).print(note)
+            if not yes and not confirm(f"Replay {len(selected)} dead letter(s) ({_summary(selected)})?", err=as_json):
+                raise ConveyorError("not confirmed; nothing replayed (--yes skips the question)")
+        # Each letter in its own transaction: what was replayed before an error stays replayed.
+        skip_replayed = not ids and resolution is not Resolution.REPLAYED
+        outcomes = client.replay_dead_letters(
+            selected, by=REPLAYED_BY, skip_replayed=skip_replayed, report=lambda o: _report(o, as_json)
+        )
     if as_json:  # printed whatever happened: what was replayed before an error was replayed
         print_json([{**dataclasses.asdict(o), "outcome": _outcome(o)} for o in outcomes])
     if any(o.error for o in outcomes):
@@ -328,24 +293,23 @@ def purge(
 ) -> None:
     """Delete dead-letter records: resolved ones only unless --include-pending. Needs
     a filter or --all; asks for confirmation unless --yes. --json: {"matched": N, "purged": N}."""
-    filters = Filters(reason, resolution, execution, queue)
-    if not filters.given and older_than is None and not all_:
+    given = Filters(reason, resolution, execution, queue).params()
+    del given["since"]
+    filters = PurgeFilters(**given, older_than=older_than, include_pending=include_pending)
+    if not filters.given and not all_:
         raise ConveyorError(
             "purge needs at least one filter (--reason, --resolution, --execution, --queue, --older-than) or --all"
         )
     if resolution is Resolution.PENDING and not include_pending:
         raise ConveyorError("--resolution pending selects unresolved dead letters: add --include-pending to purge them")
-    params = {**filters.params(), "older_than": older_than, "include_pending": include_pending}
-    del params["since"]
-    with sql_session() as conn:
-        row = conn.execute(Q["count_purgeable_dead_letters"], params).fetchone()
-        count = int(row["count"]) if row else 0
+    with state.client() as client:
+        count = client.purgeable_dead_letters(filters)
         deleted = 0
         if count > 0:
             what = "dead letter(s)" if include_pending else "resolved dead letter(s)"
             if not yes and not confirm(f"Delete {count} {what}?", err=as_json):
                 raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
-            deleted = len(conn.execute(Q["purge_dead_letters"], params).fetchall())
+            deleted = client.purge_dead_letters(filters)
     if as_json:
         print_json({"matched": count, "purged": deleted})
     elif count == 0:

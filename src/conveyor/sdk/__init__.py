@@ -28,23 +28,29 @@ from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
+from conveyor.domain.ids import is_id
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk.dead_letters import DeadLetterMethods
 from conveyor.sdk.events import EventMethods
 from conveyor.sdk.output import OutputMethods
 from conveyor.sdk.rules import RuleMethods
 from conveyor.sdk.schedules import ScheduleMethods
+from conveyor.sdk.tokens import TokenMethods
 from conveyor.sdk.webhooks import WebhookMethods
 from conveyor.sdk.workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
 from conveyor.verbs import executions
+from conveyor.verbs import inquiries as iv
+from conveyor.verbs import policies as pv
+from conveyor.verbs import workers as wv
 from conveyor.verbs.drive import run
 
-# Kept importable from here (the SDK's public names before conveyor.verbs.common existed).
+# Kept importable from here (the SDK's public names before conveyor.verbs existed).
 validate_parameters = verbs.validate_parameters
-valid_policy_target = verbs.valid_policy_target
+valid_policy_target = pv.valid_target
 
 
 def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> dict[str, Any]:
@@ -176,7 +182,16 @@ def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execu
     return Execution(**{**row, "status": ExecutionStatus(row["status"])}, attempts=attempts)
 
 
-class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, EventMethods, OutputMethods):
+class Client(
+    WorkflowMethods,
+    RuleMethods,
+    ScheduleMethods,
+    WebhookMethods,
+    EventMethods,
+    OutputMethods,
+    TokenMethods,
+    DeadLetterMethods,
+):
     """A synchronous client for scripts and the CLI (workflow methods: sdk_workflows.py).
     ``user``: who this client acts for, recorded as the requester of its executions and
     the responder of its answers to inquiries (None: requests name nobody; answers need
@@ -254,14 +269,12 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, Even
         return [WorkerInfo(**r) for r in self.conn.execute(Q["list_workers"]).fetchall()]
 
     def cordon(self, name: str, cordoned: bool = True) -> int:
-        row = self.conn.execute(Q["cordon_worker"], {"name": name, "cordoned": cordoned}).fetchone()
-        return int(verbs.worker_changed(name, row)["id"])
+        return int(run(self.conn, wv.cordon(name, cordoned))["id"])
 
     def drain(self, name: str) -> int:
         """Cordon the worker and hand its not-yet-started work to others; what it runs
         finishes there. Returns how many executions were handed back."""
-        row = self.conn.execute(Q["drain_worker"], {"name": name}).fetchone()
-        return int(verbs.worker_changed(name, row)["handed_back"])
+        return int(run(self.conn, wv.drain(name))["handed_back"])
 
     def actions(self) -> list[dict[str, Any]]:
         return list(self.conn.execute(Q["list_actions"]).fetchall())
@@ -279,8 +292,7 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, Even
         return list(self.conn.execute(Q["list_policies"]).fetchall())
 
     def policy(self, target: str) -> dict[str, Any]:
-        row = self.conn.execute(Q["get_policy"], {"target": target}).fetchone() if valid_policy_target(target) else None
-        return verbs.policy_found(target, row)
+        return run(self.conn, pv.get(target))
 
     def set_policy(
         self, target: str, concurrency: int, parameters: Sequence[str] = (), method: str = "enqueue"
@@ -288,22 +300,13 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, Even
         """Create or replace the operator policy for ``target`` (an action ref, a pack or
         '*'); it wins over the action's own ``policy=``. Returns it as stored. Waiters a
         higher limit now allows are admitted by the database in the same transaction."""
-        spec = verbs.policy_spec(target, concurrency, parameters, method)
-        with self.conn.transaction():
-            self.conn.execute(Q["set_policy"], {"target": target, **spec.to_json()})
-            return self.policy(target)
+        return run(self.conn, pv.set_policy(target, concurrency, parameters, method))
 
     def delete_policy(self, target: str) -> dict[str, Any]:
         """Delete the policy for ``target``; its waiters become schedulable. Deleting an
         operator's override of an action's own policy puts that one back (returned as
         ``restored``); deleting a policy that an action's definition declares is refused."""
-        if not valid_policy_target(target):
-            raise verbs.policy_not_found(target)
-        with self.conn.transaction(), verbs.refusals(target=target):
-            deleted = self.conn.execute(Q["delete_policy"], {"target": target}).fetchone()
-            assert deleted is not None  # the function returns a row or raises
-            restored = self.policy(target) if deleted["restored"] else None
-        return {**deleted, "restored": restored}
+        return run(self.conn, pv.delete_policy(target))
 
     def admission(self, execution_id: int) -> dict[str, Any] | None:
         """Where the execution stands in admission: ``state`` holding|waiting, ``policy``,
@@ -333,9 +336,9 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, Even
 
     def inquiry(self, inquiry_id: int) -> dict[str, Any]:
         """One inquiry, with ``responses``: every answer given (responder, role, data, created)."""
-        row = self.conn.execute(Q["get_inquiry"], {"id": inquiry_id}).fetchone() if 1 <= inquiry_id <= 2**62 else None
+        row = self.conn.execute(Q["get_inquiry"], {"id": inquiry_id}).fetchone() if is_id(inquiry_id) else None
         if row is None:
-            raise verbs.inquiry_not_found(inquiry_id)
+            raise iv.not_found(inquiry_id)
         return {**row, "responses": self.conn.execute(Q["inquiry_responses"], {"id": inquiry_id}).fetchall()}
 
     def respond(
@@ -351,18 +354,7 @@ class Client(WorkflowMethods, RuleMethods, ScheduleMethods, WebhookMethods, Even
         who = responder or self.user
         if not who:
             raise ConveyorError("who answers? pass responder= (or create the Client with user=)")
-        with self.conn.transaction():
-            found = (
-                self.conn.execute(Q["inquiry_schema"], {"id": inquiry_id}).fetchone()
-                if 1 <= inquiry_id <= 2**62
-                else None
-            )
-            if found is None:
-                raise verbs.inquiry_not_found(inquiry_id)
-            verbs.check_answer(inquiry_id, found["schema"], data)
-            params = {"id": inquiry_id, "responder": who, "role": role, "data": Jsonb(data)}
-            row = self.conn.execute(Q["respond_inquiry"], params).fetchone()
-        return verbs.responded(inquiry_id, who, row)
+        return run(self.conn, iv.respond(inquiry_id, data, responder=who, role=role))
 
     def wait(
         self,

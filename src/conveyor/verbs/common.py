@@ -25,22 +25,17 @@ import jsonschema_rs
 import psycopg
 import structlog
 
-from conveyor.actions.registry import AdmissionPolicy
-from conveyor.domain import inquiries as inq
 from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
     ExecutionNotFoundError,
-    ForbiddenError,
-    InvalidAnswerError,
     InvalidParametersError,
     InvalidPayloadError,
-    InvalidPolicyError,
     NotFoundError,
     UnknownActionError,
 )
-from conveyor.domain.storable import storable_problems, unstorable
+from conveyor.domain.storable import unstorable
 from conveyor.store.db import rolled_back
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
@@ -64,10 +59,6 @@ IN_USE = "CVC05"  # register_trigger (type changed), delete_trigger (still used)
 NO_EVENT = "CVN05"  # replay_event: no such event
 NO_SCHEDULE = "CVN06"  # fire_schedule, backfill_schedule: no such schedule
 SCHEDULE_EXISTS = "CVC06"  # create_schedule without replace: the name is taken
-
-# admission_policy.target's CHECK, plus a length bound (a huge key would not fit its index).
-_TARGET = re.compile(r"\*|[A-Za-z0-9_-]+|[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+")
-_TARGET_MAX = 255
 
 
 def translate(
@@ -245,44 +236,11 @@ def _log_retry(verb: str, exc: psycopg.Error, retry: int, retries: int) -> None:
              verb=verb, sqlstate=exc.sqlstate, retry=retry, retries=retries)  # fmt: skip
 
 
-# -- workers ----------------------------------------------------------------------------
-
-
-def worker_changed(name: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What ``cordon_worker`` / ``drain_worker`` answered (no row: no such worker)."""
-    if row is None:
-        raise NotFoundError(f"no worker named {name!r} (see `conveyor workers list`)")
-    return dict(row)
-
-
-# -- admission policies -----------------------------------------------------------------
-
-
-def valid_policy_target(target: str) -> bool:
-    return isinstance(target, str) and len(target) <= _TARGET_MAX and _TARGET.fullmatch(target) is not None
-
-
-def policy_spec(target: str, concurrency: int, parameters: Sequence[str], method: str) -> AdmissionPolicy:
-    """The checked policy for ``set``; InvalidPolicyError says what is wrong."""
-    if not valid_policy_target(target):
-        raise InvalidPolicyError(
-            f"invalid policy target {target!r}: give an action ref (pack.name), a pack (pack) or '*' (every action)"
-        )
-    params = tuple(parameters) if isinstance(parameters, list | tuple) else parameters  # else refused below
-    try:
-        return AdmissionPolicy(concurrency, params, method)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise InvalidPolicyError(f"invalid policy for {target}: {exc}") from None
+# -- admission policies (the verbs: verbs/policies.py) --------------------------------------
 
 
 def policy_not_found(target: str) -> NotFoundError:
     return NotFoundError(f"no admission policy for {target!r} (see `conveyor policies list`)")
-
-
-def policy_found(target: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
-    if row is None:
-        raise policy_not_found(target)
-    return dict(row)
 
 
 # -- workflows (definitions: workflows/registration.py) -----------------------------------
@@ -333,41 +291,6 @@ def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]
     ranked = sorted(tasks, key=lambda t: (t["created"], t["iteration"], order.get(t["task"], len(order))))
     state = {k: v for k, v in workflow.items() if k not in ("definition", "id")}
     return {**state, "tasks": [dict(t) for t in ranked]}
-
-
-# -- inquiries ---------------------------------------------------------------------------
-
-
-def inquiry_not_found(inquiry_id: int) -> NotFoundError:
-    return NotFoundError(f"no inquiry with id {inquiry_id} (see `conveyor inquiries list`)")
-
-
-def check_answer(inquiry_id: int, schema: Mapping[str, Any], data: Any) -> None:
-    """The answer against the inquiry's JSON Schema, before ``respond_inquiry``:
-    InvalidAnswerError names the path of every problem."""
-    # What jsonb cannot hold ({"r": "a\u0000b"}) first: a schema may well accept it.
-    problems = list(storable_problems(data, "data")) or inq.answer_problems(schema, data)
-    if problems:
-        raise InvalidAnswerError(inquiry_id, problems)
-
-
-def responded(inquiry_id: int, responder: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What ``respond_inquiry`` answered: ``answered`` or ``recorded`` (with the inquiry's
-    status and responders so far), else the refusal as the error to show."""
-    outcome = row["outcome"] if row else inq.NOT_FOUND
-    if outcome == inq.NOT_FOUND or row is None:
-        raise inquiry_not_found(inquiry_id)
-    if outcome == inq.NOT_PENDING:
-        raise ConflictError(f"inquiry {inquiry_id} is {row['status']}: it takes no more answers")
-    if outcome == inq.NOT_ASSIGNEE:
-        raise ForbiddenError(f"{responder!r} is not an assignee of inquiry {inquiry_id}")
-    if outcome == inq.REQUESTER_FORBIDDEN:
-        raise ForbiddenError(f"{responder!r} requested this execution and inquiry {inquiry_id} forbids its requester "
-                             "to answer")  # fmt: skip
-    if outcome == inq.ALREADY_RESPONDED:
-        raise ConflictError(f"{responder!r} already answered inquiry {inquiry_id}: it needs another responder")
-    return {"id": inquiry_id, "outcome": outcome, "status": row["status"], "execution": row["execution"],
-            "responders": list(row["responders"] or [])}  # fmt: skip
 
 
 # -- events (the checks of payloads and triggers: domain/events.py) ----------------------

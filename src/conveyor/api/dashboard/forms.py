@@ -4,7 +4,7 @@ A schema the form can express -- an object whose properties are strings, numbers
 integers, booleans or enums, or one such value alone -- becomes one field per value; any
 other (nested objects, arrays, combinators, $ref) falls back to a JSON text area. Either
 way the browser posts to ``/api/v1/inquiries/{id}/respond``, where the schema is checked
-(conveyor.verbs.common.check_answer), so the form is a convenience, never the validation."""
+(conveyor.verbs.inquiries.check_answer), so the form is a convenience, never the validation."""
 
 from __future__ import annotations
 

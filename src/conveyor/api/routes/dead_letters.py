@@ -12,14 +12,16 @@ from conveyor.api.routes.executions import ERRORS
 from conveyor.api.schemas import DeadLetterOut, PurgeOut, ReplayOut
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.errors import ConflictError, ConveyorError, NotFoundError
+from conveyor.domain.ids import MAX_ID, is_id
 from conveyor.store.queries import Q
-from conveyor.verbs.dead_letters import replay_one
+from conveyor.verbs import dead_letters
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
 Ctx = Annotated[ApiContext, Depends(context)]
 Reason = Annotated[str | None, Query(pattern="^(" + "|".join(REASONS) + ")$")]
 Resolution = Annotated[str | None, Query(pattern="^(" + "|".join(RESOLUTIONS) + ")$")]
-Id = Annotated[int | None, Query(ge=1, le=2**62)]
+Id = Annotated[int | None, Query(ge=1, le=MAX_ID)]
 
 
 @router.get("", response_model=list[DeadLetterOut], responses=ERRORS)
@@ -40,7 +42,7 @@ async def list_dead_letters(
 
 
 def _id(dead_letter_id: int) -> int:
-    if not 1 <= dead_letter_id <= 2**62:
+    if not is_id(dead_letter_id):
         raise NotFoundError(f"no dead letter with id {dead_letter_id}")
     return dead_letter_id
 
@@ -59,9 +61,9 @@ async def get_dead_letter(dead_letter_id: int, ctx: Ctx, _: Viewer) -> dict[str,
 )
 async def replay(dead_letter_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
     """Publish it again to where it was going (the handlers are guarded: a stale one changes nothing)."""
-    async with ctx.pool.connection() as conn, conn.transaction():
-        outcome = await replay_one(conn, _id(dead_letter_id), by=f"api:{principal.name}",
-                                   skip_replayed=False)  # fmt: skip
+    verb = dead_letters.replay(_id(dead_letter_id), by=f"api:{principal.name}", skip_replayed=False)
+    async with ctx.pool.connection() as conn:
+        outcome = await run_async(conn, verb)
     if outcome.error is not None:
         if outcome.error.startswith("no dead letter"):
             raise NotFoundError(outcome.error)
@@ -82,17 +84,8 @@ async def purge(
     all_: Annotated[bool, Query(alias="all", description="purge without any filter")] = False,
 ) -> dict[str, int]:
     """Delete records matching the filters: resolved ones only unless ``include_pending``."""
-    if (
-        not all_
-        and reason is None
-        and resolution is None
-        and execution is None
-        and queue is None
-        and older_than is None
-    ):
+    filters = dead_letters.PurgeFilters(reason, resolution, execution, queue, older_than, include_pending)
+    if not all_ and not filters.given:
         raise ConveyorError("purge needs a filter (reason, resolution, execution, queue, older_than) or all=true")
-    params = {"reason": reason, "resolution": resolution, "execution": execution, "queue": queue,
-              "older_than": older_than, "include_pending": include_pending}  # fmt: skip
     async with ctx.pool.connection() as conn:
-        rows = await (await conn.execute(Q["purge_dead_letters"], params)).fetchall()
-    return {"deleted": len(rows)}
+        return {"deleted": await run_async(conn, dead_letters.purge(filters))}

@@ -9,14 +9,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
-from psycopg.types.json import Jsonb
 
 from conveyor.api.auth import Viewer
 from conveyor.api.context import ApiContext, context
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut, InquiryOut, InquiryPage, RespondIn, RespondOut
+from conveyor.domain.ids import MAX_ID, is_id
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import inquiries
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/inquiries", tags=["inquiries"])
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -30,15 +32,15 @@ RESPOND_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _valid_id(inquiry_id: int) -> int:
-    if not 1 <= inquiry_id <= 2**62:
-        raise verbs.inquiry_not_found(inquiry_id)
+    if not is_id(inquiry_id):
+        raise inquiries.not_found(inquiry_id)
     return inquiry_id
 
 
-async def get_inquiry(conn: Any, inquiry_id: int) -> dict[str, Any]:
+async def get_inquiry(conn: AsyncConn, inquiry_id: int) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_inquiry"], {"id": inquiry_id})).fetchone()
     if row is None:
-        raise verbs.inquiry_not_found(inquiry_id)
+        raise inquiries.not_found(inquiry_id)
     responses = await (await conn.execute(Q["inquiry_responses"], {"id": inquiry_id})).fetchall()
     return {**row, "responses": responses}
 
@@ -48,7 +50,7 @@ async def list_inquiries(
     ctx: Ctx,
     _: Viewer,
     status: Status = None,
-    before: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="cursor: ids below this")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
     """Newest first; ``?status=pending`` for the ones waiting for an answer."""
@@ -70,12 +72,6 @@ async def respond(inquiry_id: int, body: RespondIn, ctx: Ctx, principal: Viewer)
     """Answer as this token (its name and role). ``answered`` when the quorum is reached (the
     asking execution completes with the answer); ``recorded`` while more distinct
     responders are needed."""
-    iid = _valid_id(inquiry_id)
+    verb = inquiries.respond(_valid_id(inquiry_id), body.data, responder=principal.name, role=principal.role.name)
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["inquiry_schema"], {"id": iid})).fetchone()
-        if row is None:
-            raise verbs.inquiry_not_found(iid)
-        verbs.check_answer(iid, row["schema"], body.data)
-        params = {"id": iid, "responder": principal.name, "role": principal.role.name, "data": Jsonb(body.data)}
-        outcome = await (await conn.execute(Q["respond_inquiry"], params)).fetchone()
-    return verbs.responded(iid, principal.name, outcome)
+        return await run_async(conn, verb)

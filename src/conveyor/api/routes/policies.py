@@ -13,7 +13,8 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut, PolicyDeleted, PolicyIn, PolicyOut
 from conveyor.domain.errors import InvalidPolicyError
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import policies
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/policies", tags=["policies"])
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -21,13 +22,6 @@ WITH_CONFLICT: dict[int | str, dict[str, Any]] = {
     **ERRORS,
     409: {"model": ErrorOut, "description": "the policy comes from the action's definition"},
 }
-
-
-async def _policy(conn: Any, target: str) -> dict[str, Any]:
-    row = None
-    if verbs.valid_policy_target(target):  # an impossible target names nothing: 404, like an unknown one
-        row = await (await conn.execute(Q["get_policy"], {"target": target})).fetchone()
-    return verbs.policy_found(target, row)
 
 
 @router.get("", response_model=list[PolicyOut], responses=ERRORS)
@@ -39,8 +33,8 @@ async def list_policies(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
 
 @router.get("/{target}", response_model=PolicyOut, responses=ERRORS)
 async def get_policy(target: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    async with ctx.pool.connection() as conn:
-        return await _policy(conn, target)
+    async with ctx.pool.connection() as conn:  # an impossible target names nothing: 404, like an unknown one
+        return await run_async(conn, policies.get(target))
 
 
 @router.put("/{target}", response_model=PolicyOut, responses=WITH_BODY)
@@ -48,13 +42,12 @@ async def set_policy(target: str, body: PolicyIn, ctx: Ctx, _: Admin) -> dict[st
     """Create or replace the operator policy for ``target``: an action ref (``pack.name``), a
     pack or ``*``. It wins over the action's own ``policy=`` and over less specific targets
     (action > pack > global). Waiters a higher limit allows are admitted at once."""
+    verb = policies.set_policy(target, body.concurrency, body.parameters, body.method)
     try:
-        spec = verbs.policy_spec(target, body.concurrency, body.parameters, body.method)
+        async with ctx.pool.connection() as conn:
+            return await run_async(conn, verb)
     except InvalidPolicyError as exc:
         raise HTTPException(422, str(exc)) from None  # as a body that fails validation
-    async with ctx.pool.connection() as conn, conn.transaction():
-        await conn.execute(Q["set_policy"], {"target": target, **spec.to_json()})
-        return await _policy(conn, target)
 
 
 @router.delete("/{target}", response_model=PolicyDeleted, responses=WITH_CONFLICT)
@@ -62,11 +55,5 @@ async def delete_policy(target: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Delete it; whoever it kept waiting may be scheduled. Deleting an override of an
     action's own policy puts that one back (``restored``); deleting the policy an action's
     definition declares is refused (409): override it instead."""
-    if not verbs.valid_policy_target(target):
-        raise verbs.policy_not_found(target)
-    async with ctx.pool.connection() as conn, conn.transaction():
-        with verbs.refusals(target=target):
-            deleted = await (await conn.execute(Q["delete_policy"], {"target": target})).fetchone()
-        assert deleted is not None  # the function returns a row or raises
-        restored = await _policy(conn, target) if deleted["restored"] else None
-    return {**deleted, "restored": restored}
+    async with ctx.pool.connection() as conn:
+        return await run_async(conn, policies.delete_policy(target))

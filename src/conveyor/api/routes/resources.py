@@ -13,7 +13,8 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ActionOut, TokenCreate, TokenCreated, TokenOut, WorkerChange, WorkerOut
 from conveyor.domain.errors import NotFoundError
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import tokens, workers
+from conveyor.verbs.drive import run_async
 
 router = APIRouter()
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -42,8 +43,7 @@ async def list_workers(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
 
 async def _cordon(ctx: ApiContext, name: str, cordoned: bool) -> dict[str, Any]:
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["cordon_worker"], {"name": name, "cordoned": cordoned})).fetchone()
-    return verbs.worker_changed(name, row)
+        return await run_async(conn, workers.cordon(name, cordoned))
 
 
 @router.post("/workers/{name}/cordon", response_model=WorkerChange, responses=ERRORS, tags=["workers"])
@@ -61,8 +61,7 @@ async def uncordon(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
 async def drain(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Cordon it and hand its not-yet-started work to other workers."""
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["drain_worker"], {"name": name})).fetchone()
-    return verbs.worker_changed(name, row)
+        return await run_async(conn, workers.drain(name))
 
 
 @router.get("/tokens", response_model=list[TokenOut], responses=ERRORS, tags=["tokens"])
@@ -81,9 +80,5 @@ async def new_token(body: TokenCreate, ctx: Ctx, _: Admin) -> dict[str, Any]:
 
 @router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS, tags=["tokens"])
 async def revoke_token(token_id: int, ctx: Ctx, _: Admin) -> None:
-    if not 1 <= token_id <= 2**62:
-        raise NotFoundError(f"no live token {token_id}")
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["revoke_token"], {"id": token_id})).fetchone()
-    if row is None:
-        raise NotFoundError(f"no live token {token_id}")
+        await run_async(conn, tokens.revoke(token_id))
