@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from conveyor import sdk
 from conveyor.domain.errors import InvalidParametersError, UnknownActionError
 from conveyor.sdk import request_executions
 from conveyor.verbs import common as verbs
+from conveyor.verbs import executions
 from integration.builders import holders, policy, waiters
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -173,7 +173,7 @@ def test_a_refusal_from_the_database_names_its_row(
     position (the error's DETAIL) in the statement's refs, not by the quoted literal."""
     odd = "test.o'dd"  # quote_literal doubles the quote
     schemas = {typed: {}, odd: {}}  # what the SDK read: anything goes
-    monkeypatch.setattr(sdk, "_schema_of", lambda _conn, ref, _schema: schemas[ref])
+    monkeypatch.setattr(executions, "_parameters_schema", lambda ref, _action: schemas[ref])
     with pytest.raises(UnknownActionError) as unknown:
         request_executions(caller, [(typed, {"n": 1}), (odd, {}), (typed, {"n": 2})])
     assert unknown.value.ref == odd
@@ -222,10 +222,8 @@ def test_large_batch_in_request_order_across_statements(
 ) -> None:
     """Split into several statements (a small byte budget here), still all or none and in
     request order."""
-    from conveyor import sdk
-
-    monkeypatch.setattr(sdk, "_BLOCK_ROWS", 700)
-    monkeypatch.setattr(sdk, "_BATCH_BYTES", 20_000)
+    monkeypatch.setattr(executions, "_BLOCK_ROWS", 700)
+    monkeypatch.setattr(executions, "_BATCH_BYTES", 20_000)
     rows = [(typed if i % 3 else "core.noop", {"n": i % 10 + 1} if i % 3 else {}) for i in range(5_000)]
     ids = request_executions(caller, rows, delay=None)
     assert len(ids) == 5_000

@@ -1,4 +1,4 @@
-"""A cancel that the database rolls back to break a deadlock runs again (verbs.retried,
+"""A cancel that the database rolls back to break a deadlock runs again (drive.run's retries,
 ``database.verb_retries``) for every caller: the SDK (and so the CLI) and the API. Past the
 bound the API answers 503 with a message and Retry-After, never a 500.
 

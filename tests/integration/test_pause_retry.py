@@ -1,5 +1,5 @@
 """A pause or a resume that the database rolls back to break a deadlock runs again
-(verbs.retried, ``database.verb_retries``) for every caller, as a cancel does
+(drive.run's retries, ``database.verb_retries``) for every caller, as a cancel does
 (test_cancel_retry.py): the SDK (and so the CLI) and the API; past the bound the API
 answers 503, never a 500. The same adversary closes a lock cycle step by step: it holds the
 workflow's execution row and, once the verb (holding the state row KEY SHARE since

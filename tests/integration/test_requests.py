@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from conveyor import sdk
 from conveyor.domain.errors import InvalidParametersError, UnknownActionError
 from conveyor.sdk import request_execution, request_executions
+from conveyor.verbs import executions
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -234,11 +234,11 @@ def test_sdk_translates_database_side_refusals(
     like a client-side refusal, it leaves the caller's transaction usable."""
     caller.execute("CREATE TABLE public.audit (note text)")
     caller.execute("INSERT INTO public.audit VALUES ('before')")
-    monkeypatch.setattr(sdk, "validate_parameters", lambda *args: None)
+    monkeypatch.setattr(executions, "validate_parameters", lambda *args: None)
     with pytest.raises(InvalidParametersError, match="n must be >= 1, got 0") as info:
         request_execution(caller, typed, {"n": 0})
     assert info.value.problems == ["n must be >= 1, got 0"]
-    monkeypatch.setattr(sdk, "_schema_of", lambda *args: {})
+    monkeypatch.setattr(executions, "_parameters_schema", lambda *args: {})
     with pytest.raises(UnknownActionError, match=r"nope\.gone"):
         request_execution(caller, "nope.gone", {})
     caller.execute("INSERT INTO public.audit VALUES ('after')")

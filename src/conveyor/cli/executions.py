@@ -191,11 +191,7 @@ def rerun(
     failed (or cancelled) workflow from its failed tasks, keeping the results of the others.
     Prints the new execution's id (with --json: the new execution, as `get --json` shows it)."""
     with state.client() as client:
-        if from_failed:
-            new_id = client.rerun(execution_id, from_failed=True, by="cli")
-        else:
-            original = client.get(execution_id, with_attempts=False)
-            new_id = client.request(original.action_ref, original.parameters)
+        new_id = client.rerun(execution_id, from_failed=from_failed, by="cli")
         if as_json:
             print_execution(client, new_id)
             return

@@ -1,22 +1,19 @@
 """``conveyor executions purge``: delete finished executions older than an age, through
-``purge_executions`` (migration 0024) -- the executors' retention duty's SQL function --
-in batches, each its own short transaction, with a progress bar."""
+``purge_executions`` (migration 0024) -- the executors' retention duty's verb, through the
+client -- in batches, each its own short transaction, with a progress bar."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
-import psycopg
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from conveyor.cli.context import JsonResultOption, confirm, console, print_json, sql_session
+from conveyor.cli.context import JsonResultOption, confirm, console, print_json, state
 from conveyor.domain.errors import ConveyorError
-from conveyor.domain.retention import FINISHED, RetentionError, check_statuses, parse_age
-from conveyor.store.db import Row
-from conveyor.store.queries import Q
+from conveyor.domain.retention import FINISHED, check_statuses, parse_age
+from conveyor.sdk import Client
 
 
 def purge(
@@ -41,43 +38,37 @@ def purge(
     seconds = parse_age(older_than)
     statuses = check_statuses(status) if status else None
     what = f"{'/'.join(statuses) if statuses else 'finished'} executions older than {older_than}"
-    params = {"older_than": seconds, "statuses": statuses, "batch": batch_size}
-    with sql_session() as conn:
-        try:
-            counting = "counting (a large backlog takes a while: ~30 s for 7 M)"
-            with contextlib.nullcontext() if as_json else console.status(counting):
-                row = conn.execute(Q["purgeable_executions"], params).fetchone()
-            count = int(row["count"]) if row else 0
-            if as_json and (count == 0 or dry_run):
-                print_json({"matched": count, "purged": 0})
-                return
-            if count == 0:
-                console.print(f"no {what} to purge", highlight=False)
-                return
-            if dry_run:
-                console.print(f"would purge {count} {what} (workflow children go with them)", highlight=False)
-                return
-            if not yes and not confirm(f"Delete {count} {what} (and their workflow children)?", err=as_json):
-                raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
-            purged = _run(conn, params, count, quiet=as_json)
-        except psycopg.errors.InvalidParameterValue as exc:  # the function's own checks
-            raise RetentionError(exc.diag.message_primary or str(exc)) from None
+    with state.client() as client:
+        counting = "counting (a large backlog takes a while: ~30 s for 7 M)"
+        with contextlib.nullcontext() if as_json else console.status(counting):
+            count = client.purgeable(seconds, statuses)
+        if as_json and (count == 0 or dry_run):
+            print_json({"matched": count, "purged": 0})
+            return
+        if count == 0:
+            console.print(f"no {what} to purge", highlight=False)
+            return
+        if dry_run:
+            console.print(f"would purge {count} {what} (workflow children go with them)", highlight=False)
+            return
+        if not yes and not confirm(f"Delete {count} {what} (and their workflow children)?", err=as_json):
+            raise ConveyorError("not confirmed; nothing purged (--yes skips the question)")
+        purged = _run(client, seconds, statuses, batch_size, count, quiet=as_json)
     if as_json:
         print_json({"matched": count, "purged": purged})
         return
     console.print(f"purged {purged} execution(s)", highlight=False)
 
 
-def _run(conn: psycopg.Connection[Row], params: Mapping[str, Any], count: int, *, quiet: bool) -> int:
-    """Batches until one deletes nothing; the bar counts executions deleted (children
-    included, so its total grows when workflows had children)."""
+def _run(client: Client, seconds: float, statuses: list[str] | None, batch: int, count: int, *, quiet: bool) -> int:
+    """Batches (each its own transaction) until one deletes nothing; the bar counts
+    executions deleted (children included, so its total grows when workflows had children)."""
     done = 0
     columns = (TextColumn("purging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False, disable=quiet) as progress:
         task = progress.add_task("purge", total=count)
         while True:
-            row = conn.execute(Q["purge_executions"], params).fetchone()
-            purged = int(row["purged"]) if row else 0
+            purged = client.purge(seconds, statuses, batch=batch)
             if purged == 0:
                 break
             done += purged

@@ -1,7 +1,7 @@
 """Retention of finished executions (issue #14): every ``retention.interval`` one executor
 replica deletes, per finished status, the executions older than that status's
-``retention.<status>`` age, through ``purge_executions`` (migration 0024) -- the same SQL
-function as ``conveyor executions purge``.
+``retention.<status>`` age, through ``purge_executions`` (migration 0024) -- the same verb
+(``verbs.executions.purge``) as ``conveyor executions purge``.
 
 One replica at a time, whatever ``executor.exclusive_duties`` says: the service runs
 ``purge`` through its ``DutyLocks`` (executor/duties.py) under the lock named ``DUTY``, a
@@ -25,7 +25,8 @@ import structlog
 from conveyor.config import RetentionSettings
 from conveyor.ops.metrics import EXECUTIONS_PURGED
 from conveyor.store.db import Pool
-from conveyor.store.queries import Q
+from conveyor.verbs import executions
+from conveyor.verbs.drive import run_async
 
 log = structlog.get_logger(__name__)
 # The duty lock's name: the one the replicas before DutyLocks took, so that old and new
@@ -50,11 +51,9 @@ class Retention:
         for status, seconds in self._settings.policy().items():
             while budget > 0:
                 budget -= 1
-                params = {"older_than": seconds, "statuses": [status], "batch": batch}
                 # A connection per batch: the pool's other users wait at most one batch.
                 async with self._pool.connection() as conn:
-                    row = await (await conn.execute(Q["purge_executions"], params)).fetchone()
-                purged = int(row["purged"]) if row else 0
+                    purged = await run_async(conn, executions.purge(seconds, [status], batch))
                 if purged == 0:
                     break
                 EXECUTIONS_PURGED.labels(status).inc(purged)

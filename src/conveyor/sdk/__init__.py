@@ -12,24 +12,22 @@ connection), read them, wait for them.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row, tuple_row
-from psycopg.types.json import Jsonb
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
 
 from conveyor.config.connections import VERB_RETRIES
-from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.domain.errors import ConveyorError, ExecutionNotFoundError, UnknownActionError
-from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.domain.ids import is_id
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
+from conveyor.domain.retention import RetentionError
 from conveyor.domain.status import ExecutionStatus
 from conveyor.sdk.dead_letters import DeadLetterMethods
 from conveyor.sdk.events import EventMethods
@@ -41,28 +39,16 @@ from conveyor.sdk.webhooks import WebhookMethods
 from conveyor.sdk.workflows import WorkflowMethods
 from conveyor.store.db import connect_sync
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
 from conveyor.verbs import executions
 from conveyor.verbs import inquiries as iv
 from conveyor.verbs import policies as pv
 from conveyor.verbs import workers as wv
-from conveyor.verbs.drive import run
+from conveyor.verbs.drive import Verb, run
 
 # Kept importable from here (the SDK's public names before conveyor.verbs existed).
-validate_parameters = verbs.validate_parameters
+validate_parameters = executions.validate_parameters
 valid_policy_target = pv.valid_target
-
-
-def _schema_of(conn: psycopg.Connection[Any], action_ref: str, schema: str) -> dict[str, Any]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            sql.SQL("SELECT parameters_schema FROM {}.action WHERE ref = %s").format(sql.Identifier(schema)),
-            (action_ref,),
-        )
-        row = cur.fetchone()
-    if row is None:
-        raise UnknownActionError(action_ref)
-    return dict(row["parameters_schema"])
+T = TypeVar("T")
 
 
 def request_execution(
@@ -83,31 +69,19 @@ def request_execution(
     ``forbid_requester`` refuses this name's answer); it is set for the rest of the
     transaction (``SET LOCAL conveyor.requested_by``). ``not_before`` (timezone-aware) or
     ``delay`` (from the database's now(), not this machine's clock): it stays ``requested``
-    until then; a time already past means now. Not part of the idempotency check."""
-    params = parameters or {}
-    check_idempotency_key(idempotency_key)
-    if not_before is not None and delay is not None:
-        raise DelayError("give not_before or delay, not both")
-    if not_before is not None:
-        check_aware(not_before)
-    if delay is not None:
-        check_delay(delay)
-    validate_parameters(action_ref, _schema_of(conn, action_ref, schema), params)
-    # A savepoint: a refusal by the database (CVA01/CVA02/CVA03) is raised as a ConveyorError
-    # and must leave the caller's transaction usable, as a client-side refusal does.
-    with verbs.refusals(action_ref=action_ref), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        if requested_by is not None:
-            cur.execute(Q["set_requested_by"], {"by": requested_by})
-        cur.execute(
-            sql.SQL(
-                "SELECT {}.request_execution(%s, %s, idempotency_key => %s,"
-                " not_before => coalesce(%s::timestamptz, now() + %s::interval))"
-            ).format(sql.Identifier(schema)),
-            (action_ref, Jsonb(params), idempotency_key, not_before, delay),
-        )
-        row = cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    until then; a time already past means now. Not part of the idempotency check.
+    ``schema``: Conveyor's, which ``conn``'s search_path need not name (it is the caller's
+    again when this returns)."""
+    verb = executions.request(
+        action_ref,
+        parameters,
+        key=idempotency_key,
+        by=requested_by,
+        not_before=not_before,
+        delay=delay,
+        schema=schema,
+    )
+    return _on_callers(conn, verb)[0]
 
 
 def request_executions(
@@ -118,64 +92,27 @@ def request_executions(
     not_before: datetime | None = None,
     delay: timedelta | None = None,
 ) -> list[int]:
-    """Batch form of :func:`request_execution`: all rows or none, in few statements (one
-    up to _BATCH_BYTES of JSON). ``not_before`` or ``delay`` (from the database's now())
-    holds every one of them until then. Returns the ids in request order."""
-    if not_before is not None and delay is not None:
-        raise DelayError("give not_before or delay, not both")
-    if not_before is not None:
-        check_aware(not_before)
-    if delay is not None:
-        check_delay(delay)
-    checks: dict[str, Callable[[Any], None]] = {}
-    for ref, params in requests:
-        check = checks.get(ref)
-        if check is None:
-            check = checks[ref] = verbs.parameters_checker(ref, _schema_of(conn, ref, schema))
-        check(params)
-    # The parameters travel as ONE JSON array per statement (one json.dumps, one document
-    # for the server to parse): measured 6-8x cheaper than a jsonb[] of as many elements,
-    # and cheaper than COPY into a staging table (see docs/performance.md).
-    query = sql.SQL(
-        "SELECT id FROM (SELECT %b::text[] AS refs, coalesce(%s::timestamptz, now() + %s::interval) AS t) a,"
-        " LATERAL {}.request_execution_batch(a.refs, %b::text::jsonb,"
-        " CASE WHEN a.t IS NOT NULL THEN array_fill(a.t, ARRAY[cardinality(a.refs)]) END) AS id"
-    ).format(sql.Identifier(schema))
-    ids: list[int] = []
-    # A savepoint inside the caller's transaction (or a transaction of its own under
-    # autocommit): the chunks are stored all or none. Refusals by the database (CVA01,
-    # CVA02: an unknown action, parameters outside the SQL subset) name their row, by its
-    # position in the statement's refs.
-    with verbs.refusals(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        for refs, document in _chunks(requests):
-            with verbs.refusals(refs=refs):
-                cur.execute(query, (refs, not_before, delay, document))
-            ids.extend(int(r[0]) for r in cur.fetchall())
-    return ids
+    """Batch form of :func:`request_execution`: all rows or none (a savepoint inside the
+    caller's transaction, or a transaction of its own under autocommit), in few statements.
+    ``not_before`` or ``delay`` (from the database's now()) holds every one of them until
+    then. Returns the ids in request order."""
+    return _on_callers(conn, executions.request_batch(requests, not_before=not_before, delay=delay, schema=schema))
 
 
-# A statement's JSON stays far below jsonb's 255 MB limit and bounds the memory of both ends.
-_BATCH_BYTES = 32 * 1024 * 1024
-_BLOCK_ROWS = 10_000
-
-
-def _chunks(requests: Sequence[tuple[str, dict[str, Any]]]) -> Iterator[tuple[list[str], str]]:
-    """(refs, one JSON array of their parameters) per statement: blocks of _BLOCK_ROWS
-    encoded at once, joined while under _BATCH_BYTES."""
-    refs: list[str] = []
-    parts: list[str] = []
-    size = 0
-    for start in range(0, len(requests), _BLOCK_ROWS):
-        block = requests[start : start + _BLOCK_ROWS]
-        encoded = json.dumps([params for _, params in block])[1:-1]
-        if parts and size + len(encoded) > _BATCH_BYTES:
-            yield refs, "[" + ",".join(parts) + "]"
-            refs, parts, size = [], [], 0
-        refs.extend(ref for ref, _ in block)
-        parts.append(encoded)
-        size += len(encoded)
-    if parts:
-        yield refs, "[" + ",".join(parts) + "]"
+def _on_callers(conn: psycopg.Connection[Any], verb: Verb[T]) -> T:
+    """``verb`` on an application's connection, whatever its row factory (the verbs read
+    rows by column name): a savepoint in its transaction (its own transaction under
+    autocommit), so that a refusal leaves the caller's transaction usable."""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        # Its transaction is opened by its first statement: not by the verb's savepoint,
+        # which would then be a transaction of its own, committed by the verb.
+        conn.execute(Q["open_transaction"])
+    factory = conn.row_factory
+    conn.row_factory = dict_row
+    try:
+        return run(conn, verb)
+    finally:
+        conn.row_factory = factory
 
 
 def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execution:
@@ -233,17 +170,10 @@ class Client(
         not_before: datetime | None = None,
         delay: timedelta | None = None,
     ) -> int:
-        with self.conn.transaction():
-            return request_execution(
-                self.conn,
-                action_ref,
-                parameters,
-                schema=self.schema,
-                idempotency_key=idempotency_key,
-                requested_by=self.user,
-                not_before=not_before,
-                delay=delay,
-            )
+        verb = executions.request(
+            action_ref, parameters, key=idempotency_key, by=self.user, not_before=not_before, delay=delay
+        )
+        return run(self.conn, verb)[0]
 
     def get(self, execution_id: int, *, with_attempts: bool = True) -> Execution:
         row = self.conn.execute(Q["get_execution"], {"id": execution_id}).fetchone()
@@ -324,6 +254,26 @@ class Client(
         (``verb_retries``)."""
 
         return run(self.conn, lambda: executions.cancel(execution_id, by, policy), retries=self.verb_retries)
+
+    # -- retention (docs/runbook.md#retention-of-finished-executions) ----------------------
+
+    def purgeable(self, older_than: float, statuses: Sequence[str] | None = None) -> int:
+        """How many finished top-level executions (of ``statuses``, else every finished
+        status) ended more than ``older_than`` seconds ago (a large backlog takes a while to
+        count: ~30 s for 7 M)."""
+        params = {"older_than": older_than, "statuses": list(statuses) if statuses else None}
+        try:
+            row = self.conn.execute(Q["purgeable_executions"], params).fetchone()
+        except psycopg.errors.InvalidParameterValue as exc:  # the function's own checks
+            raise RetentionError(exc.diag.message_primary or str(exc)) from None
+        return int(row["count"]) if row else 0
+
+    def purge(self, older_than: float, statuses: Sequence[str] | None = None, *, batch: int = 1000) -> int:
+        """Delete one batch (its own transaction) of at most ``batch`` such executions, with
+        their trees (attempts, workflow children and state, idempotency keys, inquiries,
+        dead letters, outbox rows, enforcements); trees a live workflow or an unresolved dead
+        letter still refers to stay. Returns how many executions went (0: none left)."""
+        return run(self.conn, executions.purge(older_than, list(statuses) if statuses else None, batch))
 
     # -- inquiries (see docs/inquiries.md) -------------------------------------------------
 

@@ -22,6 +22,8 @@ import psycopg
 from conveyor.domain.documents import Limits
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
+from conveyor.verbs import executions
+from conveyor.verbs.drive import run
 from conveyor.workflows.registration import Definition, prepare
 from conveyor.workflows.spec import WorkflowSpec
 
@@ -48,6 +50,7 @@ class WorkflowMethods:
     conn: psycopg.Connection[Any]
     document_limits: Limits
     verb_retries: int
+    user: str | None
 
     def register_workflow(
         self, workflow: str | Path | WorkflowSpec | Buildable, *, ref: str | None = None
@@ -101,26 +104,16 @@ class WorkflowMethods:
     def pause(self, execution_id: int, *, by: str = "sdk") -> str:
         """Pause a running workflow: no new task starts; children in flight finish. Returns the
         new status. A deadlock with the executor is retried (``verb_retries``)."""
-        row = self._pause_or_resume("pause", Q["pause_execution"], execution_id, by)
-        return verbs.workflow_changed(execution_id, "pause", row)
+        return run(self.conn, lambda: executions.pause(execution_id, by), retries=self.verb_retries)
 
     def resume(self, execution_id: int, *, by: str = "sdk") -> str:
         """Resume a paused workflow. A deadlock with the executor is retried (``verb_retries``)."""
-        row = self._pause_or_resume("resume", Q["resume_execution"], execution_id, by)
-        return verbs.workflow_changed(execution_id, "resume", row)
-
-    def _pause_or_resume(self, verb: str, query: str, execution_id: int, by: str) -> dict[str, Any] | None:
-        def attempt() -> dict[str, Any] | None:  # one transaction: run again whole when rolled back
-            with self.conn.transaction(), verbs.refusals():
-                return self.conn.execute(query, {"id": execution_id, "by": by}).fetchone()
-
-        return verbs.retried(attempt, self.verb_retries, verb)
+        return run(self.conn, lambda: executions.resume(execution_id, by), retries=self.verb_retries)
 
     def rerun(self, execution_id: int, *, from_failed: bool = True, by: str = "sdk") -> int:
-        """Rerun a failed workflow: with ``from_failed`` from its failed tasks, keeping what
-        completed. Returns the new execution's id."""
-        with verbs.refusals():
-            row = self.conn.execute(
-                Q["rerun_execution"], {"id": execution_id, "from_failed": from_failed, "by": by}
-            ).fetchone()
-        return verbs.rerun_started(execution_id, row)
+        """Rerun an execution; returns the new execution's id. ``from_failed``: a failed (or
+        cancelled) workflow from its failed tasks, keeping what completed (``by`` is recorded
+        in its rerun event); else a new request of the same action with the same parameters,
+        requested by this client's ``user``."""
+        verb = executions.rerun(execution_id, from_failed=from_failed, by=by, requested_by=self.user)
+        return run(self.conn, verb)

@@ -15,33 +15,24 @@ is then one ``execute`` plus these functions, sync or async alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-import jsonschema
-import jsonschema_rs
 import psycopg
-import structlog
 
 from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
-    ExecutionNotFoundError,
     InvalidParametersError,
     InvalidPayloadError,
     NotFoundError,
     UnknownActionError,
 )
-from conveyor.domain.storable import unstorable
-from conveyor.store.db import rolled_back
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
-
-log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -117,125 +108,6 @@ def refusals(*, action_ref: str = "", target: str = "", refs: Sequence[str] = ()
         raise translated from None
 
 
-# -- requests ---------------------------------------------------------------------------
-
-
-def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], parameters: Any) -> None:
-    """Full JSON Schema, before the database's own subset check (validate_parameters in SQL),
-    and what jsonb cannot hold (a NUL, a lone surrogate: a schema may well accept them). A
-    batch (parameters_checker) leaves the latter to the database's refusal: walking every
-    document would cost a 100,000-row batch more than its schema checks do."""
-    problems = list(unstorable(parameters, "parameters"))
-    if problems:
-        raise InvalidParametersError(action_ref, problems)
-    parameters_checker(action_ref, parameters_schema)(parameters)
-
-
-def parameters_checker(action_ref: str, parameters_schema: dict[str, Any]) -> Callable[[Any], None]:
-    """validate_parameters for many documents of one action: the validator is built once
-    (building it per document was most of a 100,000-row batch's time). Where the schema
-    uses no keyword whose meaning differs between engines (see _engines_agree), a valid
-    document is recognised by jsonschema_rs (~1 us, against ~35 us for jsonschema); any
-    document it refuses is judged, and its errors worded, by jsonschema, as for one request."""
-    full = jsonschema.validators.validator_for(parameters_schema)(parameters_schema)
-    fast = _fast_validator(parameters_schema)
-
-    def check(parameters: Any) -> None:
-        if fast is not None:
-            try:
-                if fast.is_valid(parameters):
-                    return
-            except (ValueError, TypeError):  # not a JSON document: jsonschema decides
-                pass
-        elif full.is_valid(parameters):
-            return
-        errors = sorted(full.iter_errors(parameters), key=lambda e: list(e.path))
-        if errors:
-            raise InvalidParametersError(
-                action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
-            )
-
-    return check
-
-
-# Keywords whose meaning can differ between jsonschema and jsonschema_rs: regular
-# expressions (Python's re against an ECMA-like engine), formats, and references (which
-# might be fetched). A schema using any of them (even as a property name) is judged by
-# jsonschema alone.
-_ENGINE_SENSITIVE = frozenset({"pattern", "patternProperties", "format", "$ref", "$dynamicRef", "$recursiveRef"})
-
-
-def _engines_agree(node: Any) -> bool:
-    if isinstance(node, dict):
-        return not (_ENGINE_SENSITIVE & node.keys()) and all(_engines_agree(v) for v in node.values())
-    if isinstance(node, list):
-        return all(_engines_agree(v) for v in node)
-    return True
-
-
-def _fast_validator(parameters_schema: dict[str, Any]) -> Any:
-    if not _engines_agree(parameters_schema):
-        return None
-    try:
-        return jsonschema_rs.validator_for(parameters_schema, validate_formats=False, offline=True)
-    except Exception:  # a schema jsonschema_rs does not take: jsonschema alone
-        return None
-
-
-# -- cancel -----------------------------------------------------------------------------
-
-
-def cancelled(execution_id: int, row: Mapping[str, Any] | None) -> str:
-    """What ``cancel_execution`` answered: the new status (``cancelled``, or ``canceling``
-    while its worker stops it); asking again while canceling is not an error. No row: no
-    such execution; ``now`` NULL: it had finished (ConflictError)."""
-    if row is None:
-        raise ExecutionNotFoundError(execution_id)
-    if row["now"] is None:
-        raise ConflictError(f"execution {execution_id} is {row['was']}: nothing to cancel")
-    return str(row["now"])
-
-
-# -- rolled back by the database --------------------------------------------------------
-# A verb's transaction that PostgreSQL rolled back to break a deadlock (40P01) or a
-# serialization failure (40001) did nothing, and running it again is the cure: the other
-# side went on once this one was aborted. Lock order keeps these rare (migration 0034 for
-# the cancel, 0036 for pause and resume); what it cannot exclude is retried here, once for every caller, so that a
-# user's verb does not fail on a race with the executor. No pause between attempts: the
-# next one queues behind the winner's locks. Past ``retries`` the error goes to the caller
-# (the API answers 503, the CLI one line).
-
-
-def retried(attempt: Callable[[], T], retries: int, verb: str) -> T:
-    """``attempt`` (one whole transaction) run again, up to ``retries`` more times, while
-    the database rolls it back (deadlock, serialization failure)."""
-    for n in range(retries + 1):
-        try:
-            return attempt()
-        except psycopg.OperationalError as exc:
-            if not rolled_back(exc) or n == retries:
-                raise
-            _log_retry(verb, exc, n + 1, retries)
-    raise AssertionError("unreachable")  # pragma: no cover (the loop returns or raises)
-
-
-async def retried_async(attempt: Callable[[], Awaitable[T]], retries: int, verb: str) -> T:
-    """:func:`retried` for an async caller."""
-    for n in range(retries + 1):
-        try:
-            return await attempt()
-        except psycopg.OperationalError as exc:
-            if not rolled_back(exc) or n == retries:
-                raise
-            _log_retry(verb, exc, n + 1, retries)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _log_retry(verb: str, exc: psycopg.Error, retry: int, retries: int) -> None:
-    log.info("verb rolled back by the database (deadlock or serialization failure); running it again",
-             verb=verb, sqlstate=exc.sqlstate, retry=retry, retries=retries)  # fmt: skip
-
-
 # -- admission policies (the verbs: verbs/policies.py) --------------------------------------
 
 
@@ -262,26 +134,6 @@ def workflow_deleted(ref: str, row: Mapping[str, Any] | None) -> int:
     if row is None or not row["versions"]:
         raise NotFoundError(f"no workflow {ref!r} (see `conveyor workflows list`)")
     return int(row["versions"])
-
-
-_PAUSE_NEEDS = {"pause": "running", "resume": "paused"}
-
-
-def workflow_changed(execution_id: int, verb: str, row: Mapping[str, Any] | None) -> str:
-    """What ``pause_execution`` / ``resume_execution`` answered: the new status. No row:
-    no such execution; ``now`` NULL: not a workflow in the status the verb needs."""
-    if row is None:
-        raise ExecutionNotFoundError(execution_id)
-    if row["now"] is None:
-        raise ConflictError(
-            f"execution {execution_id} is {row['was']}: only a {_PAUSE_NEEDS[verb]} workflow execution can {verb}"
-        )
-    return str(row["now"])
-
-
-def rerun_started(execution_id: int, row: Mapping[str, Any] | None) -> int:
-    assert row is not None  # the function returns an id or raises
-    return int(row["id"])
 
 
 def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import psycopg
 import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from psycopg.types.json import Jsonb
 
 from conveyor.api import search
 from conveyor.api.auth import Operator, Viewer
@@ -21,13 +20,12 @@ from conveyor.api.context import ApiContext, context
 from conveyor.api.errors import ClientGoneError
 from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPage, ExecutionRequest
 from conveyor.api.workflow_schemas import CancelIn, RerunIn
-from conveyor.domain.errors import ExecutionNotFoundError, UnknownActionError
+from conveyor.domain.errors import ExecutionNotFoundError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
 from conveyor.domain.models import summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import log_operational
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
 from conveyor.verbs import executions
 from conveyor.verbs.drive import run_async
 
@@ -71,38 +69,6 @@ IdempotencyKey = Annotated[
 ]
 
 
-async def request_execution(
-    conn: Any,
-    ref: str,
-    parameters: dict[str, Any],
-    key: str | None = None,
-    by: str | None = None,
-    not_before: datetime | None = None,
-    delay: timedelta | None = None,
-) -> tuple[int, bool]:
-    """The new execution's id, or with ``key`` maybe an earlier one's: (id, repeated).
-    ``by``: the requester (the token's name), recorded as execution.requested_by."""
-    action = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
-    if action is None:
-        raise UnknownActionError(ref)
-    verbs.validate_parameters(ref, action["parameters_schema"], parameters)
-    if by is not None:
-        await conn.execute(Q["set_requested_by"], {"by": by})
-    # A savepoint: a refusal by the database's own checks (CVA01/CVA02/CVA03) leaves the
-    # connection usable.
-    with verbs.refusals(action_ref=ref):
-        async with conn.transaction():
-            row = await (
-                await conn.execute(
-                    # delay: from the database clock, never this process's
-                    "SELECT * FROM request_execution_once(%s, %s, NULL, %s,"
-                    " coalesce(%s::timestamptz, now() + %s::interval))",
-                    (ref, Jsonb(parameters), key, not_before, delay),
-                )
-            ).fetchone()
-    return int(row["execution_id"]), bool(row["repeated"])
-
-
 async def get_execution(ctx: ApiContext, eid: int) -> dict[str, Any]:
     async with ctx.pool.connection() as conn:
         row = await (await conn.execute(Q["get_execution"], {"id": eid})).fetchone()
@@ -125,12 +91,13 @@ async def create(
     """Request an execution (``requested``); it is validated against the action's parameter schema.
     With an ``Idempotency-Key``, a retry with the same key and body answers 200 with the
     execution of the first try (for at least 24 h) instead of creating another."""
-    async with ctx.pool.connection() as conn:
-        eid, repeated = await request_execution(
-            conn, body.action_ref, body.parameters, key, principal.name, body.not_before, body.delay
-        )
+    verb = executions.request(
+        body.action_ref, body.parameters, key=key, by=principal.name, not_before=body.not_before, delay=body.delay
+    )
+    async with ctx.pool.connection() as conn, conn.transaction():
+        eid, repeated = await run_async(conn, verb)  # a savepoint in the transaction of this block
         # Not committed for a client that has hung up (it gave up waiting and may retry):
-        # the pool connection's transaction commits only when this block ends.
+        # the transaction commits only when this block ends.
         if await request.is_disconnected():
             raise ClientGoneError("POST /api/v1/executions")
     if repeated:
@@ -290,13 +257,8 @@ async def rerun(execution_id: int, ctx: Ctx, principal: Operator, body: RerunIn 
     ``{"from_failed": true}``, a failed (or cancelled) workflow from its failed tasks,
     keeping the results of the tasks that completed (409 if it has not failed)."""
     eid = valid_id(execution_id)
-    if body is not None and body.from_failed:
-        async with ctx.pool.connection() as conn:
-            with verbs.refusals():
-                params = {"id": eid, "from_failed": True, "by": principal.name}
-                row = await (await conn.execute(Q["rerun_execution"], params)).fetchone()
-        return await get_execution(ctx, verbs.rerun_started(eid, row))
-    original = await get_execution(ctx, eid)
+    from_failed = body is not None and body.from_failed
+    verb = executions.rerun(eid, from_failed=from_failed, by=principal.name, requested_by=principal.name)
     async with ctx.pool.connection() as conn:
-        new_id = (await request_execution(conn, original["action_ref"], original["parameters"], by=principal.name))[0]
+        new_id = await run_async(conn, verb)
     return await get_execution(ctx, new_id)

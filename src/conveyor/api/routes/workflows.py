@@ -27,6 +27,8 @@ from conveyor.domain.errors import ExecutionNotFoundError, NotFoundError
 from conveyor.domain.models import summary_fields
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
+from conveyor.verbs import executions as execution_verbs
+from conveyor.verbs.drive import run_async
 from conveyor.workflows.registration import Definition, prepare
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
@@ -134,24 +136,17 @@ async def children(
 async def pause(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
     """Pause a running workflow: no new task starts; children in flight finish."""
     eid = valid_id(execution_id)
-    row = await _pause_or_resume(ctx, "pause", Q["pause_execution"], eid, principal.name)
-    return {"id": eid, "status": verbs.workflow_changed(eid, "pause", row)}
+    verb = lambda: execution_verbs.pause(eid, principal.name)  # noqa: E731 (run again after a deadlock)
+    async with ctx.pool.connection() as conn:
+        now = await run_async(conn, verb, retries=ctx.settings.database.verb_retries)
+    return {"id": eid, "status": now}
 
 
 @executions.post("/{execution_id}/resume", response_model=StatusOut, responses=CHANGE_RESPONSES)
 async def resume(execution_id: int, ctx: Ctx, principal: Operator) -> dict[str, Any]:
     """Resume a paused workflow."""
     eid = valid_id(execution_id)
-    row = await _pause_or_resume(ctx, "resume", Q["resume_execution"], eid, principal.name)
-    return {"id": eid, "status": verbs.workflow_changed(eid, "resume", row)}
-
-
-async def _pause_or_resume(ctx: ApiContext, verb: str, query: str, eid: int, by: str) -> Any:
-    """The verb's statement, run again when the database rolled it back (a deadlock with the
-    executor the lock order of migration 0036 cannot exclude): ``database.verb_retries``."""
-
-    async def attempt() -> Any:  # one statement, one transaction: retried whole on a deadlock
-        async with ctx.pool.connection() as conn:
-            return await (await conn.execute(query, {"id": eid, "by": by})).fetchone()
-
-    return await verbs.retried_async(attempt, ctx.settings.database.verb_retries, verb)
+    verb = lambda: execution_verbs.resume(eid, principal.name)  # noqa: E731 (run again after a deadlock)
+    async with ctx.pool.connection() as conn:
+        now = await run_async(conn, verb, retries=ctx.settings.database.verb_retries)
+    return {"id": eid, "status": now}

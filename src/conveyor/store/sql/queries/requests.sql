@@ -2,3 +2,39 @@
 -- Batch enqueue of executions already validated by the caller (the SDK validates
 -- with full JSON Schema first): the SQL function of migration 0009.
 SELECT id FROM request_executions(%(refs)s::text[], %(parameters)s::jsonb[]) AS id;
+
+-- name: request_execution
+-- One request, from the SDK, the CLI and the API alike: the SQL function of migration
+-- 0010 (idempotency key, repeated or not); a delay counts from the database's clock.
+SELECT execution_id, repeated
+FROM request_execution_once(%(ref)s, %(parameters)s, NULL, %(key)s,
+                            coalesce(%(not_before)s::timestamptz, now() + %(delay)s::interval));
+
+-- name: request_execution_batch
+-- A batch's statement (migration 0023): the parameters as ONE JSON array (one document for
+-- the server to parse: 6-8x cheaper than a jsonb[], see docs/performance.md), the ids in
+-- request order; a not_before (or delay from now) holds every row until then.
+SELECT id FROM (SELECT %(refs)b::text[] AS refs,
+                       coalesce(%(not_before)s::timestamptz, now() + %(delay)s::interval) AS t) a,
+     LATERAL request_execution_batch(a.refs, %(parameters)b::text::jsonb,
+                                     CASE WHEN a.t IS NOT NULL THEN array_fill(a.t, ARRAY[cardinality(a.refs)]) END) AS id;
+
+-- name: action_schemas
+-- The parameter schemas of the actions a request names (the full JSON Schema check).
+SELECT ref, parameters_schema FROM action WHERE ref = ANY(%(refs)s::text[]);
+
+-- name: enter_schema
+-- The SDK on an application's connection (any search_path): Conveyor's schema for the
+-- rest of the verb, and the path to put back after it (read before it is set).
+SELECT set_config('search_path', quote_ident(%(schema)s), true) AS now, p.path
+FROM (SELECT current_setting('search_path') AS path OFFSET 0) p;
+
+-- name: leave_schema
+-- The caller's search_path again (enter_schema's path).
+SELECT set_config('search_path', %(path)s, true) AS path;
+
+-- name: open_transaction
+-- Nothing, as the first statement of an application's transaction (psycopg opens it
+-- before): the SDK's verb is then a savepoint in it, never a transaction of its own that
+-- would commit without the caller.
+SELECT 1 AS opened;
