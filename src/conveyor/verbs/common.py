@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any, TypeVar
 
 import jsonschema
@@ -27,7 +26,6 @@ import structlog
 
 from conveyor.actions.registry import AdmissionPolicy
 from conveyor.domain import inquiries as inq
-from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
@@ -42,8 +40,6 @@ from conveyor.domain.errors import (
 )
 from conveyor.domain.storable import storable_problems, unstorable
 from conveyor.store.db import rolled_back
-from conveyor.workflows.graph import graph
-from conveyor.workflows.spec import WorkflowSpec
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -285,25 +281,7 @@ def policy_found(target: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(row)
 
 
-# -- workflows (definitions: workflows/registration.py) -----------------------------------
-
-
-def workflow_found(
-    ref: str, version: int | None, row: Mapping[str, Any] | None, versions: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """A ``get_workflow`` row with its ``versions`` and ``graph`` (nodes, edges)."""
-    if row is None:
-        which = f"version {version} of " if version is not None and versions else ""
-        raise NotFoundError(f"no {which}workflow {ref!r} (see `conveyor workflows list`)")
-    spec = WorkflowSpec.from_json(row["definition"])
-    return {**row, "versions": [dict(v) for v in versions], "graph": graph(spec).to_json()}
-
-
-def workflow_deleted(ref: str, row: Mapping[str, Any] | None) -> int:
-    """What ``delete_workflow`` answered: the versions deleted (none: no such workflow)."""
-    if row is None or not row["versions"]:
-        raise NotFoundError(f"no workflow {ref!r} (see `conveyor workflows list`)")
-    return int(row["versions"])
+# -- workflow executions (definitions: verbs/workflows.py) -------------------------------
 
 
 _PAUSE_NEEDS = {"pause": "running", "resume": "paused"}
@@ -368,15 +346,3 @@ def responded(inquiry_id: int, responder: str, row: Mapping[str, Any] | None) ->
         raise ConflictError(f"{responder!r} already answered inquiry {inquiry_id}: it needs another responder")
     return {"id": inquiry_id, "outcome": outcome, "status": row["status"], "execution": row["execution"],
             "responders": list(row["responders"] or [])}  # fmt: skip
-
-
-# -- events (the checks of payloads and triggers: domain/events.py) ----------------------
-
-
-def check_window(since: datetime, until: datetime | None) -> None:
-    """A replay window: timezone-aware times, ``since`` before ``until``."""
-    for what, when in (("since", since), ("until", until)):
-        if when is not None:
-            check_aware(when, what)
-    if until is not None and until <= since:
-        raise DelayError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})")
