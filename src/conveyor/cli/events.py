@@ -54,9 +54,7 @@ def parse_time(client: Client, option: str, text: str) -> datetime:
             f"{option} {text!r}: give an ISO 8601 time with a UTC offset (2026-11-25T12:00:00+00:00) "
             "or a duration ago (30m, 1h, 2d)"
         ) from None
-    row = client.conn.execute("SELECT now() - %s::interval AS at", (ago,)).fetchone()
-    assert row is not None
-    return datetime.fromisoformat(str(row["at"])) if not isinstance(row["at"], datetime) else row["at"]
+    return client.ago(ago)
 
 
 @app.command()

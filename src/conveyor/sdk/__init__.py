@@ -19,8 +19,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
 
 from conveyor.config.connections import VERB_RETRIES
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
@@ -29,6 +27,7 @@ from conveyor.domain.ids import is_id
 from conveyor.domain.models import Attempt, Execution, ExecutionSummary, WorkerInfo, summary_fields
 from conveyor.domain.retention import RetentionError
 from conveyor.domain.status import ExecutionStatus
+from conveyor.sdk.callers import in_callers_transaction
 from conveyor.sdk.dead_letters import DeadLetterMethods
 from conveyor.sdk.events import EventMethods
 from conveyor.sdk.output import OutputMethods
@@ -43,7 +42,7 @@ from conveyor.verbs import executions
 from conveyor.verbs import inquiries as iv
 from conveyor.verbs import policies as pv
 from conveyor.verbs import workers as wv
-from conveyor.verbs.drive import Verb, run
+from conveyor.verbs.drive import run
 
 # Kept importable from here (the SDK's public names before conveyor.verbs existed).
 validate_parameters = executions.validate_parameters
@@ -79,9 +78,8 @@ def request_execution(
         by=requested_by,
         not_before=not_before,
         delay=delay,
-        schema=schema,
     )
-    return _on_callers(conn, verb)[0]
+    return in_callers_transaction(conn, schema, verb)[0]
 
 
 def request_executions(
@@ -96,23 +94,7 @@ def request_executions(
     caller's transaction, or a transaction of its own under autocommit), in few statements.
     ``not_before`` or ``delay`` (from the database's now()) holds every one of them until
     then. Returns the ids in request order."""
-    return _on_callers(conn, executions.request_batch(requests, not_before=not_before, delay=delay, schema=schema))
-
-
-def _on_callers(conn: psycopg.Connection[Any], verb: Verb[T]) -> T:
-    """``verb`` on an application's connection, whatever its row factory (the verbs read
-    rows by column name): a savepoint in its transaction (its own transaction under
-    autocommit), so that a refusal leaves the caller's transaction usable."""
-    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        # Its transaction is opened by its first statement: not by the verb's savepoint,
-        # which would then be a transaction of its own, committed by the verb.
-        conn.execute(Q["open_transaction"])
-    factory = conn.row_factory
-    conn.row_factory = dict_row
-    try:
-        return run(conn, verb)
-    finally:
-        conn.row_factory = factory
+    return in_callers_transaction(conn, schema, executions.request_batch(requests, not_before=not_before, delay=delay))
 
 
 def _execution(row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Execution:

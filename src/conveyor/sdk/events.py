@@ -18,44 +18,16 @@ or through a :class:`conveyor.sdk.Client` (its own transaction): ``client.emit_e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg import pq, sql
-from psycopg.rows import tuple_row
-from psycopg.types.json import Jsonb
 
 from conveyor.domain import events as ev
-from conveyor.domain.idempotency import check_idempotency_key
+from conveyor.sdk.callers import in_callers_transaction
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
-
-
-@contextmanager
-def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A savepoint in the caller's transaction, whose refusals are raised as ConveyorErrors
-    after it is rolled back (the caller's transaction stays usable). psycopg's
-    ``transaction()`` on an idle connection that is not autocommit would BEGIN and COMMIT a
-    transaction of its own -- committing what the caller may yet roll back -- so the
-    caller's transaction is begun first, as its next statement would begin it."""
-    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
-        conn.execute("SELECT 1")
-    with verbs.refusals(), conn.transaction():
-        yield
-
-
-def _payload_schema(cur: psycopg.Cursor[Any], trigger: str, schema: str) -> dict[str, Any] | None:
-    if not ev.valid_trigger_name(trigger):
-        raise ev.trigger_not_found(trigger)
-    cur.execute(sql.SQL("SELECT payload_schema FROM {}.trigger WHERE name = %s").format(sql.Identifier(schema)),
-                (trigger,))  # fmt: skip
-    row = cur.fetchone()
-    if row is None:
-        raise ev.trigger_not_found(trigger)
-    return None if row[0] is None else dict(row[0])
+from conveyor.verbs import events as event_verbs
+from conveyor.verbs.drive import run
 
 
 def emit_event_once(
@@ -70,18 +42,7 @@ def emit_event_once(
     """:func:`emit_event`, answering ``(event_id, repeated)``: ``repeated`` when the key
     was used before for this trigger and payload (the first event's id)."""
     body = {} if payload is None else payload
-    check_idempotency_key(idempotency_key)
-    # A savepoint: a refusal (CVE01/CVE02/CVE03) is raised as a ConveyorError and leaves
-    # the caller's transaction usable, as a refusal found here first does.
-    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
-        ev.check_payload(trigger, _payload_schema(cur, trigger, schema), body)
-        cur.execute(
-            sql.SQL("SELECT event_id, repeated FROM {}.emit_event_once(%s, %s, %s, %s)").format(sql.Identifier(schema)),
-            (trigger, Jsonb(body), source, idempotency_key),
-        )
-        row = cur.fetchone()
-    assert row is not None
-    return int(row[0]), bool(row[1])
+    return in_callers_transaction(conn, schema, event_verbs.emit(trigger, body, source, idempotency_key))
 
 
 def emit_event(
@@ -112,39 +73,19 @@ def register_trigger(
     """Create or update the custom trigger ``name`` (True: created). ``payload_schema``
     (a JSON Schema, checked to be one) is what every event's payload must satisfy; None
     accepts any JSON. A trigger of another type (webhook, cron...) keeps it: ConflictError."""
-    ev.check_trigger(name, payload_schema, description)
-    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            sql.SQL("SELECT {}.register_trigger(%s, 'custom', %s, %s)").format(sql.Identifier(schema)),
-            (name, None if payload_schema is None else Jsonb(payload_schema), description),
-        )
-        row = cur.fetchone()
-    assert row is not None
-    return bool(row[0])
+    return in_callers_transaction(conn, schema, event_verbs.register_trigger(name, payload_schema, description))
 
 
 def delete_trigger(conn: psycopg.Connection[Any], name: str, *, schema: str = "conveyor") -> None:
     """Delete a trigger; NotFoundError when there is none, ConflictError while rules,
     webhooks, schedules or events use it."""
-    if not ev.valid_trigger_name(name):
-        raise ev.trigger_not_found(name)
-    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sql.SQL("SELECT {}.delete_trigger(%s)").format(sql.Identifier(schema)), (name,))
-        row = cur.fetchone()
-    if row is None or not row[0]:
-        raise ev.trigger_not_found(name)
+    in_callers_transaction(conn, schema, event_verbs.delete_trigger(name))
 
 
 def replay_event(conn: psycopg.Connection[Any], event_id: int, *, schema: str = "conveyor") -> int:
     """A new event with the original's trigger and payload (``replay_of`` names it): its
     rules are evaluated again. Returns the new id; NotFoundError when there is no such event."""
-    if not ev.valid_id(event_id):
-        raise ev.event_not_found(event_id)
-    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sql.SQL("SELECT {}.replay_event(%s)").format(sql.Identifier(schema)), (event_id,))
-        row = cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    return in_callers_transaction(conn, schema, event_verbs.replay_event(event_id))
 
 
 def replay_events(
@@ -157,17 +98,7 @@ def replay_events(
 ) -> list[tuple[int, int]]:
     """One replay for each event of ``trigger`` received in [since, until) (until: the
     database's now()), oldest first, as (original, replay) pairs. Replays are not replayed."""
-    if not ev.valid_trigger_name(trigger):
-        raise ev.trigger_not_found(trigger)
-    verbs.check_window(since, until)
-    with _savepoint(conn), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            sql.SQL("SELECT original, replay FROM {}.replay_events(%s, %s, coalesce(%s::timestamptz, now()))").format(
-                sql.Identifier(schema)
-            ),
-            (trigger, since, until),
-        )
-        return [(int(r[0]), int(r[1])) for r in cur.fetchall()]
+    return in_callers_transaction(conn, schema, event_verbs.replay_events(trigger, since, until))
 
 
 class EventMethods:
@@ -175,6 +106,14 @@ class EventMethods:
 
     conn: psycopg.Connection[Any]
     schema: str
+
+    def ago(self, interval: timedelta) -> datetime:
+        """The database's now() less ``interval`` (a window's start given as a duration
+        ago: by the clock that stamps the events, not this machine's)."""
+        row = self.conn.execute(Q["database_time_ago"], {"ago": interval}).fetchone()
+        assert row is not None
+        at: datetime = row["at"]
+        return at
 
     def triggers(self) -> list[dict[str, Any]]:
         """Every trigger, by name, with its rule count and newest event's time."""
@@ -189,18 +128,17 @@ class EventMethods:
     def register_trigger(
         self, name: str, payload_schema: dict[str, Any] | None = None, description: str | None = None
     ) -> bool:
-        return register_trigger(self.conn, name, payload_schema, description, schema=self.schema)
+        return run(self.conn, event_verbs.register_trigger(name, payload_schema, description))
 
     def delete_trigger(self, name: str) -> None:
-        delete_trigger(self.conn, name, schema=self.schema)
+        run(self.conn, event_verbs.delete_trigger(name))
 
     def emit_event(
         self, trigger: str, payload: Any = None, *, idempotency_key: str | None = None, source: str = "sdk"
     ) -> dict[str, Any]:
         """Emit in a transaction of its own: ``{"id", "repeated"}``."""
-        eid, repeated = emit_event_once(
-            self.conn, trigger, payload, idempotency_key=idempotency_key, source=source, schema=self.schema
-        )
+        body = {} if payload is None else payload
+        eid, repeated = run(self.conn, event_verbs.emit(trigger, body, source, idempotency_key))
         return {"id": eid, "repeated": repeated}
 
     def events(
@@ -228,10 +166,10 @@ class EventMethods:
         return {**row, "enforcements": enforcements, "replays": replays}
 
     def replay_event(self, event_id: int) -> int:
-        return replay_event(self.conn, event_id, schema=self.schema)
+        return run(self.conn, event_verbs.replay_event(event_id))
 
     def replay_events(self, trigger: str, since: datetime, until: datetime | None = None) -> list[tuple[int, int]]:
-        return replay_events(self.conn, trigger, since, until, schema=self.schema)
+        return run(self.conn, event_verbs.replay_events(trigger, since, until))
 
     def enforcements(
         self,

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
-from conveyor.domain.errors import NotFoundError
 from conveyor.rules import parse
 from conveyor.rules.spec import RuleSpec
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import rules as rule_verbs
+from conveyor.verbs.drive import run
 
 RuleSource = str | bytes | Path | Mapping[str, Any]
 
@@ -35,19 +34,6 @@ def spec_of(rule: RuleSource, where: str = "", limits: Limits = DEFAULT_LIMITS) 
     if isinstance(rule, str | bytes):
         return parse.load(rule, where, limits)
     return parse.parse(rule, where)
-
-
-def register_args(spec: RuleSpec) -> dict[str, Any]:
-    args = spec.sql_args()
-    for key in ("criteria", "parameters", "definition"):
-        args[key] = Jsonb(args[key])
-    return args
-
-
-def rule_found(ref: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
-    if row is None:
-        raise NotFoundError(f"no rule {ref!r}")
-    return dict(row)
 
 
 class RuleMethods:
@@ -61,29 +47,21 @@ class RuleMethods:
     def register_rules(self, rules: Sequence[RuleSource]) -> list[dict[str, Any]]:
         """Several rules in one transaction: all or none (every file's problems listed)."""
         specs = parse.all_or_problems([functools.partial(spec_of, r, limits=self.document_limits) for r in rules])
-        out = []
-        with verbs.refusals(), self.conn.transaction():
-            for spec in specs:
-                row = self.conn.execute(Q["register_rule"], register_args(spec)).fetchone()
-                assert row is not None
-                out.append({"ref": spec.ref, "id": int(row["rule_id"]), "created": bool(row["created"])})
-        return out
+        return run(self.conn, rule_verbs.register(specs))
 
     def rules(self, *, trigger: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         return list(self.conn.execute(Q["list_rules"], {"trigger": trigger, "limit": limit}).fetchall())
 
     def rule(self, ref: str, *, enforcements: int = 20) -> dict[str, Any]:
         """One rule with its definition and its ``enforcements`` most recent enforcements."""
-        out = rule_found(ref, self.conn.execute(Q["get_rule"], {"ref": ref}).fetchone())
+        out = rule_verbs.found(ref, self.conn.execute(Q["get_rule"], {"ref": ref}).fetchone())
         out["enforcements"] = list(
             self.conn.execute(Q["rule_enforcements"], {"ref": ref, "limit": enforcements}).fetchall()
         )
         return out
 
     def delete_rule(self, ref: str) -> None:
-        row = self.conn.execute(Q["delete_rule"], {"ref": ref}).fetchone()
-        if not row or not row["deleted"]:
-            raise NotFoundError(f"no rule {ref!r}")
+        run(self.conn, rule_verbs.delete(ref))
 
     def enable_rule(self, ref: str) -> bool:
         """Enable; returns whether it was enabled already."""
@@ -94,5 +72,4 @@ class RuleMethods:
         return self._set_enabled(ref, False)
 
     def _set_enabled(self, ref: str, enabled: bool) -> bool:
-        row = self.conn.execute(Q["set_rule_enabled"], {"ref": ref, "enabled": enabled}).fetchone()
-        return bool(rule_found(ref, row)["was"])
+        return run(self.conn, rule_verbs.set_enabled(ref, enabled))

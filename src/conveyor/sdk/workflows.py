@@ -23,8 +23,9 @@ from conveyor.domain.documents import Limits
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
 from conveyor.verbs import executions
+from conveyor.verbs import workflows as definitions_verbs
 from conveyor.verbs.drive import run
-from conveyor.workflows.registration import Definition, prepare
+from conveyor.workflows.registration import Definition
 from conveyor.workflows.spec import WorkflowSpec
 
 
@@ -61,15 +62,7 @@ class WorkflowMethods:
 
     def register_workflows(self, definitions: Sequence[Definition]) -> list[dict[str, Any]]:
         """Register several definitions in one transaction: all or none."""
-        with verbs.refusals(), self.conn.transaction():
-            known = [r["ref"] for r in self.conn.execute(Q["workflow_known_actions"]).fetchall()]
-            registrations = prepare(definitions, known, self.document_limits)
-            out = []
-            for r in registrations:
-                row = self.conn.execute(Q["register_workflow"], r.params()).fetchone()
-                assert row is not None
-                out.append({"ref": r.spec.ref, "version": int(row["version"])})
-        return out
+        return run(self.conn, definitions_verbs.register(definitions, self.document_limits))
 
     def workflows(self) -> list[dict[str, Any]]:
         """Every registered workflow with its latest version."""
@@ -79,13 +72,12 @@ class WorkflowMethods:
         """One definition (the latest version, or ``version``) with ``versions`` and ``graph``."""
         row = self.conn.execute(Q["get_workflow"], {"ref": ref, "version": version}).fetchone()
         versions = self.conn.execute(Q["workflow_versions"], {"ref": ref}).fetchall()
-        return verbs.workflow_found(ref, version, row, versions)
+        return definitions_verbs.found(ref, version, row, versions)
 
     def delete_workflow(self, ref: str) -> int:
         """Delete every version of ``ref``; returns how many there were. Running executions
         finish on their version."""
-        row = self.conn.execute(Q["delete_workflow"], {"ref": ref}).fetchone()
-        return verbs.workflow_deleted(ref, row)
+        return run(self.conn, definitions_verbs.delete(ref))
 
     def workflow_tree(self, execution_id: int, *, items: int = 100) -> dict[str, Any] | None:
         """A workflow execution's state and task tree (None for an execution that is no

@@ -17,12 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from conveyor.domain.delays import DelayError, check_aware
 from conveyor.domain.errors import (
     ConflictError,
     ConveyorError,
@@ -31,8 +29,6 @@ from conveyor.domain.errors import (
     NotFoundError,
     UnknownActionError,
 )
-from conveyor.workflows.graph import graph
-from conveyor.workflows.spec import WorkflowSpec
 
 # SQLSTATEs the verbs raise (class CV: Conveyor's own).
 UNKNOWN_ACTION = "CVA01"
@@ -115,25 +111,7 @@ def policy_not_found(target: str) -> NotFoundError:
     return NotFoundError(f"no admission policy for {target!r} (see `conveyor policies list`)")
 
 
-# -- workflows (definitions: workflows/registration.py) -----------------------------------
-
-
-def workflow_found(
-    ref: str, version: int | None, row: Mapping[str, Any] | None, versions: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """A ``get_workflow`` row with its ``versions`` and ``graph`` (nodes, edges)."""
-    if row is None:
-        which = f"version {version} of " if version is not None and versions else ""
-        raise NotFoundError(f"no {which}workflow {ref!r} (see `conveyor workflows list`)")
-    spec = WorkflowSpec.from_json(row["definition"])
-    return {**row, "versions": [dict(v) for v in versions], "graph": graph(spec).to_json()}
-
-
-def workflow_deleted(ref: str, row: Mapping[str, Any] | None) -> int:
-    """What ``delete_workflow`` answered: the versions deleted (none: no such workflow)."""
-    if row is None or not row["versions"]:
-        raise NotFoundError(f"no workflow {ref!r} (see `conveyor workflows list`)")
-    return int(row["versions"])
+# -- workflow executions (definitions: verbs/workflows.py) -------------------------------
 
 
 def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -143,15 +121,3 @@ def workflow_tree(workflow: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]
     ranked = sorted(tasks, key=lambda t: (t["created"], t["iteration"], order.get(t["task"], len(order))))
     state = {k: v for k, v in workflow.items() if k not in ("definition", "id")}
     return {**state, "tasks": [dict(t) for t in ranked]}
-
-
-# -- events (the checks of payloads and triggers: domain/events.py) ----------------------
-
-
-def check_window(since: datetime, until: datetime | None) -> None:
-    """A replay window: timezone-aware times, ``since`` before ``until``."""
-    for what, when in (("since", since), ("until", until)):
-        if when is not None:
-            check_aware(when, what)
-    if until is not None and until <= since:
-        raise DelayError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})")

@@ -14,11 +14,15 @@ the caller's, so a refusal leaves the caller's transaction usable); a statement'
 ``psycopg.Error`` thrown into the verb at its ``yield`` (where ``common.refusals()``
 turns a verb's SQLSTATE into the ConveyorError a user can act on); and, for a verb made
 by a factory, the whole transaction run again while the database rolls it back
-(deadlock, serialization failure: ``database.verb_retries``).
+(deadlock, serialization failure: ``database.verb_retries``). A verb's CPU work between
+its statements (parsing and validating a document) is yielded too, as :func:`offload`:
+the async driver runs it in a thread, so an API's event loop goes on answering meanwhile
+(``/health/live`` while a large definition is checked).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, LiteralString, TypeVar
@@ -53,8 +57,18 @@ class Statement:
         return Q[self.name]
 
 
-Verb = Generator[Statement, Any, T]
-"""A verb: yields statements, is sent their answers (Row | None, list[Row] or None)."""
+@dataclass(frozen=True, slots=True)
+class Work:
+    """CPU work for a driver to run, sync in place, async in a thread: ``fn(*args)``,
+    whose answer (or exception) the verb gets at its yield."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+
+Verb = Generator[Statement | Work, Any, T]
+"""A verb: yields statements (and work), is sent their answers (Row | None, list[Row] or
+None; work's return value)."""
 
 
 def sql(name: str, params: Params = None, fetch: Fetch = "one", *, savepoint: bool = False) -> Statement:
@@ -62,6 +76,11 @@ def sql(name: str, params: Params = None, fetch: Fetch = "one", *, savepoint: bo
     if name not in Q:
         raise KeyError(f"no named query {name!r}")
     return Statement(name, params, fetch, savepoint)
+
+
+def offload(fn: Callable[..., Any], *args: Any) -> Work:
+    """``fn(*args)`` as a step of a verb: ``result = yield offload(prepare, documents)``."""
+    return Work(fn, args)
 
 
 def run(conn: Conn, verb: Verb[T] | Callable[[], Verb[T]], *, retries: int = 0) -> T:
@@ -96,13 +115,19 @@ async def run_async(conn: AsyncConn, verb: Verb[T] | Callable[[], Verb[T]], *, r
 
 def _drive_sync(conn: Conn, body: Verb[T]) -> T:
     answer: Any = None
-    error: psycopg.Error | None = None
+    error: Exception | None = None
     while True:
         try:
             step = body.throw(error) if error is not None else body.send(answer)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         answer, error = None, None
+        if isinstance(step, Work):
+            try:
+                answer = step.fn(*step.args)
+            except Exception as exc:  # raised at the verb's yield, as if it had called fn
+                error = exc
+            continue
         try:
             if step.savepoint:
                 with conn.transaction():
@@ -119,13 +144,19 @@ def _fetch_sync(cursor: psycopg.Cursor[Row], fetch: Fetch) -> Row | list[Row] | 
 
 async def _drive_async(conn: AsyncConn, body: Verb[T]) -> T:
     answer: Any = None
-    error: psycopg.Error | None = None
+    error: Exception | None = None
     while True:
         try:
             step = body.throw(error) if error is not None else body.send(answer)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         answer, error = None, None
+        if isinstance(step, Work):
+            try:
+                answer = await asyncio.to_thread(step.fn, *step.args)
+            except Exception as exc:
+                error = exc
+            continue
         try:
             if step.savepoint:
                 async with conn.transaction():

@@ -1,11 +1,8 @@
 """Execution verbs: one body each, run by ``drive.run`` (SDK, CLI) and ``drive.run_async``
 (API, the executors' retention duty). The SQL functions decide; what is here is the
-checks made before them and what their answers mean.
-
-A request names ``schema`` when it runs on an application's connection (the SDK's
-``request_execution(conn, ...)``), whose search_path need not hold Conveyor's: the verb
-puts the schema first for its own statements (``SET LOCAL``, so a refusal's rollback of
-the verb's savepoint undoes it) and the caller's path back before it returns.
+checks made before them and what their answers mean. (On an application's own
+connection, the SDK's ``request_execution(conn, ...)``, the schema is put on the
+search_path around the verb: ``sdk.callers.in_callers_transaction``.)
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ def request(
     by: str | None = None,
     not_before: datetime | None = None,
     delay: timedelta | None = None,
-    schema: str | None = None,
 ) -> Verb[tuple[int, bool]]:
     """One execution in ``requested``: (its id, False); with idempotency ``key`` maybe an
     earlier request's: (that id, True). ``by``: the requester, set for the rest of the
@@ -50,7 +46,6 @@ def request(
     params = parameters or {}
     check_idempotency_key(key)
     _check_when(not_before, delay)
-    path = (yield from _enter(schema)) if schema is not None else None
     action = yield sql("get_action", {"ref": action_ref})
     validate_parameters(action_ref, _parameters_schema(action_ref, action), params)
     if by is not None:
@@ -60,8 +55,6 @@ def request(
             "request_execution",
             {"ref": action_ref, "parameters": Jsonb(params), "key": key, "not_before": not_before, "delay": delay},
         )
-    if path is not None:
-        yield sql("leave_schema", {"path": path})
     return int(row["execution_id"]), bool(row["repeated"])
 
 
@@ -70,7 +63,6 @@ def request_batch(
     *,
     not_before: datetime | None = None,
     delay: timedelta | None = None,
-    schema: str | None = None,
 ) -> Verb[list[int]]:
     """Many requests, all or none: their ids in request order, in few statements (one up
     to _BATCH_BYTES of JSON). Every row is checked as one request is (UnknownActionError,
@@ -78,7 +70,6 @@ def request_batch(
     _check_when(not_before, delay)
     if not requests:
         return []
-    path = (yield from _enter(schema)) if schema is not None else None
     refs = list(dict.fromkeys(ref for ref, _ in requests))
     found = yield sql("action_schemas", {"refs": refs}, "all")
     actions = {r["ref"]: r for r in found}
@@ -99,8 +90,6 @@ def request_batch(
                 "all",
             )
         ids.extend(int(r["id"]) for r in rows)
-    if path is not None:
-        yield sql("leave_schema", {"path": path})
     return ids
 
 
@@ -118,13 +107,6 @@ def _check_when(not_before: datetime | None, delay: timedelta | None) -> None:
         check_aware(not_before)
     if delay is not None:
         check_delay(delay)
-
-
-def _enter(schema: str) -> Verb[str]:
-    """``schema`` on the search_path for the verb's statements; the caller's path, for
-    ``leave_schema``."""
-    row = yield sql("enter_schema", {"schema": schema})
-    return str(row["path"])
 
 
 # A statement's JSON stays far below jsonb's 255 MB limit and bounds the memory of both ends.

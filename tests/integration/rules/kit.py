@@ -9,7 +9,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.executor.events import Enforcer, PassResult
 from conveyor.rules import parse
-from conveyor.sdk.rules import register_args
+from conveyor.verbs.rules import register_args
 from integration.builders import Conn, Pool
 
 SCHEMA = {"type": "object", "properties": {"msg": {"type": "string"}}, "required": ["msg"]}

@@ -20,6 +20,7 @@ from conveyor.domain.errors import (
     UnknownActionError,
 )
 from conveyor.domain.retention import RetentionError
+from conveyor.sdk.callers import in_schema
 from conveyor.store.db import AsyncConn, Conn, connect
 from conveyor.verbs import executions
 from conveyor.verbs.drive import Verb, run, run_async
@@ -110,16 +111,17 @@ async def test_a_batch_is_the_same_from_both_drivers(conn: Conn, aconn: AsyncCon
 
 
 async def test_a_request_on_a_connection_without_the_schema(db_url: str, aconn: AsyncConn) -> None:
-    """``schema``: the verb finds Conveyor's schema whatever the caller's search_path, and
-    leaves that path as it was, after an answer and after a refusal."""
+    """In a caller's transaction (sdk.callers.in_schema): the verb finds Conveyor's schema
+    whatever the caller's search_path, and leaves that path as it was, after an answer and
+    after a refusal."""
     with psycopg.connect(db_url, autocommit=True, row_factory=psycopg.rows.dict_row) as bare:
         before = scalar(bare, "SHOW search_path")
         with bare.transaction():
-            eid, _ = run(bare, executions.request("core.noop", schema=SCHEMA))
-            ids = run(bare, executions.request_batch([("core.noop", {})] * 2, schema=SCHEMA))
+            eid, _ = run(bare, in_schema(SCHEMA, executions.request("core.noop")))
+            ids = run(bare, in_schema(SCHEMA, executions.request_batch([("core.noop", {})] * 2)))
             assert scalar(bare, "SHOW search_path") == before
             with pytest.raises(UnknownActionError):
-                run(bare, executions.request("nope.x", schema=SCHEMA))
+                run(bare, in_schema(SCHEMA, executions.request("nope.x")))
             assert scalar(bare, "SHOW search_path") == before
         assert ids == [eid + 1, eid + 2]
         assert scalar(bare, "SELECT count(*) FROM conveyor.execution") == 3

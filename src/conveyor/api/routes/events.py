@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, status
-from psycopg.types.json import Jsonb
 
 from conveyor.api.auth import Operator, Viewer
 from conveyor.api.context import ApiContext, context
@@ -31,7 +30,8 @@ from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
 from conveyor.domain.errors import ConflictError
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import events as event_verbs
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/events", tags=["events"])
 enforcements = APIRouter(prefix="/enforcements", tags=["enforcements"])
@@ -55,21 +55,14 @@ async def emit(body: EventIn, ctx: Ctx, _: Operator, request: Request, key: Idem
     event with ``repeated: true``."""
     if key is not None and body.idempotency_key is not None and key != body.idempotency_key:
         raise ConflictError("the Idempotency-Key header and the body's idempotency_key differ: give one")
-    idempotency_key = body.idempotency_key or key
-    if not ev.valid_trigger_name(body.trigger):
-        raise ev.trigger_not_found(body.trigger)
-    async with ctx.pool.connection() as conn:
-        found = await (await conn.execute(Q["trigger_schema"], {"name": body.trigger})).fetchone()
-        if found is None:
-            raise ev.trigger_not_found(body.trigger)
-        ev.check_payload(body.trigger, found["payload_schema"], body.payload)
-        params = {"trigger": body.trigger, "payload": Jsonb(body.payload), "source": "api", "key": idempotency_key}
-        with verbs.refusals():
-            row = await (await conn.execute(Q["emit_event"], params)).fetchone()
-        # Not committed for a client that has hung up (it may be retrying without a key).
+    verb = event_verbs.emit(body.trigger, body.payload, "api", body.idempotency_key or key)
+    # The verb in a transaction of the route's: not committed for a client that has hung up
+    # (it may be retrying without a key).
+    async with ctx.pool.connection() as conn, conn.transaction():
+        event_id, repeated = await run_async(conn, verb)
         if await request.is_disconnected():
             raise ClientGoneError("POST /api/v1/events")
-    return {"id": row["event_id"], "repeated": row["repeated"]}
+    return {"id": event_id, "repeated": repeated}
 
 
 @router.get("", response_model=EventPage, responses=ERRORS)
@@ -98,14 +91,9 @@ async def list_events(
 async def replay_window(body: ReplayWindowIn, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Replay every event of ``trigger`` received in [since, until) (until: now), oldest
     first; replays are not replayed again. Answers the (original, replay) pairs."""
-    if not ev.valid_trigger_name(body.trigger):
-        raise ev.trigger_not_found(body.trigger)
-    verbs.check_window(body.since, body.until)
-    params = {"trigger": body.trigger, "since": body.since, "until": body.until}
     async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            rows = await (await conn.execute(Q["replay_events"], params)).fetchall()
-    return {"replays": rows}
+        pairs = await run_async(conn, event_verbs.replay_events(body.trigger, body.since, body.until))
+    return {"replays": [{"original": original, "replay": replay} for original, replay in pairs]}
 
 
 @router.get("/{event_id}", response_model=EventDetail, responses=ERRORS)
@@ -127,12 +115,9 @@ async def get(event_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
 async def replay(event_id: int, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """A new event with this one's trigger and payload (``replay_of``): its rules are
     evaluated again, making new enforcements."""
-    if not ev.valid_id(event_id):
-        raise ev.event_not_found(event_id)
     async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            row = await (await conn.execute(Q["replay_event"], {"id": event_id})).fetchone()
-    return {"id": row["id"], "replay_of": event_id}
+        new_id = await run_async(conn, event_verbs.replay_event(event_id))
+    return {"id": new_id, "replay_of": event_id}
 
 
 @enforcements.get("", response_model=EnforcementPage, responses=ERRORS)

@@ -15,9 +15,9 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.rule_schemas import RuleEnabledOut, RuleOut, RuleRegistered, RuleSummaryOut
 from conveyor.api.workflow_schemas import InvalidWorkflowOut
 from conveyor.rules import parse
-from conveyor.sdk.rules import register_args, rule_found
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import rules as rule_verbs
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/rules", tags=["rules"])
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -45,10 +45,8 @@ async def register(request: Request, ctx: Ctx, _: Operator) -> dict[str, Any]:
     # YAML and templates are CPU work: off the event loop.
     spec = await run_in_threadpool(parse.load, body, "", ctx.settings.documents.limits())
     async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            row = await (await conn.execute(Q["register_rule"], register_args(spec))).fetchone()
-    assert row is not None
-    return {"ref": spec.ref, "id": row["rule_id"], "created": row["created"]}
+        (registered,) = await run_async(conn, rule_verbs.register([spec]))
+    return registered
 
 
 @router.get("", response_model=list[RuleSummaryOut], responses=ERRORS)
@@ -66,7 +64,7 @@ async def get_rule(
 ) -> dict[str, Any]:
     """A rule, its definition, and its most recent enforcements."""
     async with ctx.pool.connection() as conn:
-        out = rule_found(ref, await (await conn.execute(Q["get_rule"], {"ref": ref})).fetchone())
+        out = rule_verbs.found(ref, await (await conn.execute(Q["get_rule"], {"ref": ref})).fetchone())
         out["recent"] = await (
             await conn.execute(Q["rule_enforcements"], {"ref": ref, "limit": enforcements})
         ).fetchall()
@@ -77,14 +75,13 @@ async def get_rule(
 async def delete_rule(ref: str, ctx: Ctx, _: Operator) -> None:
     """Delete a rule; its enforcements stay, naming it (rule_ref)."""
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["delete_rule"], {"ref": ref})).fetchone()
-    rule_found(ref, row if row and row["deleted"] else None)
+        await run_async(conn, rule_verbs.delete(ref))
 
 
 async def _set(ctx: ApiContext, ref: str, enabled: bool) -> dict[str, Any]:
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["set_rule_enabled"], {"ref": ref, "enabled": enabled})).fetchone()
-    return {"ref": ref, "enabled": enabled, "was": rule_found(ref, row)["was"]}
+        was = await run_async(conn, rule_verbs.set_enabled(ref, enabled))
+    return {"ref": ref, "enabled": enabled, "was": was}
 
 
 @router.post("/{ref}/enable", response_model=RuleEnabledOut, responses=ERRORS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response, status
-from psycopg.types.json import Jsonb
 
 from conveyor.api.auth import Admin, Operator, Viewer
 from conveyor.api.context import ApiContext, context
@@ -17,7 +16,8 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
 from conveyor.store.queries import Q
-from conveyor.verbs import common as verbs
+from conveyor.verbs import events as event_verbs
+from conveyor.verbs.drive import run_async
 
 router = APIRouter(prefix="/triggers", tags=["triggers"])
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -53,12 +53,9 @@ async def get(name: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
 
 
 async def _register(ctx: ApiContext, name: str, body: TriggerIn, response: Response) -> dict[str, Any]:
-    ev.check_trigger(name, body.payload_schema, body.description)
-    schema = None if body.payload_schema is None else Jsonb(body.payload_schema)
-    params = {"name": name, "type": "custom", "payload_schema": schema, "description": body.description}
+    verb = event_verbs.register_trigger(name, body.payload_schema, body.description)
     async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            created = (await (await conn.execute(Q["register_trigger"], params)).fetchone())["created"]
+        created = await run_async(conn, verb)
         row = await _get(conn, name)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return {**row, "created_now": created}
@@ -81,11 +78,6 @@ async def put(name: str, body: TriggerIn, ctx: Ctx, _: Operator, response: Respo
 @router.delete("/{name}", responses={**ERRORS, 409: {"model": ErrorOut, "description": "still in use"}})
 async def delete(name: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Refused (409) while rules, webhooks or schedules use it, or events of it are kept."""
-    if not ev.valid_trigger_name(name):
-        raise ev.trigger_not_found(name)
     async with ctx.pool.connection() as conn:
-        with verbs.refusals():
-            deleted = (await (await conn.execute(Q["delete_trigger"], {"name": name})).fetchone())["deleted"]
-    if not deleted:
-        raise ev.trigger_not_found(name)
+        await run_async(conn, event_verbs.delete_trigger(name))
     return {"deleted": name}

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, status
-from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.auth import Admin, Operator, Viewer
 from conveyor.api.context import ApiContext, context
@@ -28,8 +27,9 @@ from conveyor.domain.models import summary_fields
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
 from conveyor.verbs import executions as execution_verbs
+from conveyor.verbs import workflows as definitions
 from conveyor.verbs.drive import run_async
-from conveyor.workflows.registration import Definition, prepare
+from conveyor.workflows.registration import Definition
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 executions = APIRouter(prefix="/executions", tags=["executions"])
@@ -48,7 +48,7 @@ CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def _workflow(conn: Any, ref: str, version: int | None = None) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_workflow"], {"ref": ref, "version": version})).fetchone()
     versions = await (await conn.execute(Q["workflow_versions"], {"ref": ref})).fetchall()
-    return verbs.workflow_found(ref, version, row, versions)
+    return definitions.found(ref, version, row, versions)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=WorkflowOut, responses=REGISTER_RESPONSES)
@@ -56,13 +56,10 @@ async def register(body: WorkflowIn, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Register a definition (a new version when its ref exists): checked first, every
     problem answered at once (422 with their paths); nothing is stored unless it is valid."""
     definition = Definition(text=body.source, data=body.definition, ref=body.ref)
+    # The version registered is answered as stored, read in the same transaction.
     async with ctx.pool.connection() as conn, conn.transaction():
-        known = [r["ref"] for r in await (await conn.execute(Q["workflow_known_actions"])).fetchall()]
-        # Parsing and validating is CPU work (YAML, expressions): off the event loop.
-        (registration,) = await run_in_threadpool(prepare, [definition], known, ctx.settings.documents.limits())
-        with verbs.refusals():
-            row = await (await conn.execute(Q["register_workflow"], registration.params())).fetchone()
-        return await _workflow(conn, registration.spec.ref, row["version"])
+        (registered,) = await run_async(conn, definitions.register([definition], ctx.settings.documents.limits()))
+        return await _workflow(conn, registered["ref"], registered["version"])
 
 
 @router.get("", response_model=list[WorkflowSummaryOut], responses=ERRORS)
@@ -86,8 +83,7 @@ async def get_workflow(
 async def delete_workflow(ref: str, ctx: Ctx, _: Admin) -> dict[str, Any]:
     """Delete every version: it can no longer be requested; running executions finish."""
     async with ctx.pool.connection() as conn:
-        row = await (await conn.execute(Q["delete_workflow"], {"ref": ref})).fetchone()
-    return {"ref": ref, "versions": verbs.workflow_deleted(ref, row)}
+        return {"ref": ref, "versions": await run_async(conn, definitions.delete(ref))}
 
 
 # -- a workflow execution -------------------------------------------------------------------

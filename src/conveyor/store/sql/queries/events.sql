@@ -90,3 +90,22 @@ SELECT n.id, n.rule, n.rule_ref, n.event, n.outcome, n.execution, n.parameters, 
        e.trigger
 FROM enforcement n LEFT JOIN event e ON e.id = n.event
 WHERE n.id = %(id)s;
+
+-- name: enter_schema
+-- A caller's own connection (an SDK function given one) may have no search_path to
+-- Conveyor's schema, and the verbs' statements name none: the schema for the verb's
+-- savepoint (set_config local: it lasts until the caller's transaction ends). ``was``:
+-- the caller's search_path to put back (NULL: it was the schema already, nothing set).
+SELECT CASE WHEN w.was = quote_ident(%(schema)s) THEN NULL ELSE w.was END AS was,
+       CASE WHEN w.was = quote_ident(%(schema)s) THEN NULL
+            ELSE set_config('search_path', quote_ident(%(schema)s), true) END AS now
+FROM (SELECT current_setting('search_path') AS was) w;
+
+-- name: leave_schema
+-- The caller's search_path back after enter_schema, for the rest of its transaction.
+SELECT set_config('search_path', %(was)s, true) AS now;
+
+-- name: database_time_ago
+-- The database's now() less an interval: a window given as a duration ago (``--since 1h``)
+-- starts by the database's clock, as the events' ``received`` times do.
+SELECT now() - %(ago)s::interval AS at;

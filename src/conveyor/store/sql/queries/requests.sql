@@ -23,18 +23,3 @@ SELECT id FROM (SELECT %(refs)b::text[] AS refs,
 -- The parameter schemas of the actions a request names (the full JSON Schema check).
 SELECT ref, parameters_schema FROM action WHERE ref = ANY(%(refs)s::text[]);
 
--- name: enter_schema
--- The SDK on an application's connection (any search_path): Conveyor's schema for the
--- rest of the verb, and the path to put back after it (read before it is set).
-SELECT set_config('search_path', quote_ident(%(schema)s), true) AS now, p.path
-FROM (SELECT current_setting('search_path') AS path OFFSET 0) p;
-
--- name: leave_schema
--- The caller's search_path again (enter_schema's path).
-SELECT set_config('search_path', %(path)s, true) AS path;
-
--- name: open_transaction
--- Nothing, as the first statement of an application's transaction (psycopg opens it
--- before): the SDK's verb is then a savepoint in it, never a transaction of its own that
--- would commit without the caller.
-SELECT 1 AS opened;
