@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -47,7 +47,6 @@ from conveyor.verbs.drive import run
 # Kept importable from here (the SDK's public names before conveyor.verbs existed).
 validate_parameters = executions.validate_parameters
 valid_policy_target = pv.valid_target
-T = TypeVar("T")
 
 
 def request_execution(

@@ -36,8 +36,9 @@ from conveyor.store.db import (
 )
 from conveyor.store.migrate import Migration, migrate
 from conveyor.store.queries import Q
-from conveyor.store.rows import action_row
 from conveyor.transport import make_transport
+from conveyor.verbs import actions as action_verbs
+from conveyor.verbs.drive import run
 from conveyor.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
@@ -67,8 +68,7 @@ def load_actions(imports: Sequence[str]) -> list[ActionDefinition]:
 
 
 def upsert_actions(conn: Conn, definitions: Iterable[ActionDefinition]) -> None:
-    for definition in definitions:
-        conn.execute(Q["upsert_action"], action_row(definition))
+    run(conn, action_verbs.offer(definitions))
 
 
 def prepare_database(url: str, schema: str) -> list[Migration]:

@@ -42,8 +42,10 @@ from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import InactiveReason
 from conveyor.store.db import SESSION_ENDED, Pool, log_operational
 from conveyor.store.queries import Q
-from conveyor.store.rows import ClaimedRun, action_row
+from conveyor.store.rows import ClaimedRun
 from conveyor.transport.base import Doorbell, Topic, Transport
+from conveyor.verbs import actions
+from conveyor.verbs.drive import run_async
 from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
 from conveyor.worker.naming import default_worker_name
@@ -133,9 +135,8 @@ class WorkerService(Releasing):
     async def register(self) -> int:
         """Publish the actions, take the row and the lock, subscribe to the dispatch bell.
         Must run before the transport starts listening."""
-        async with self._pool.connection() as conn, conn.transaction():
-            for definition in self._actions.values():
-                await conn.execute(Q["upsert_action"], action_row(definition))
+        async with self._pool.connection() as conn:
+            await run_async(conn, actions.offer(self._actions.values()))
         if self.cfg.isolation == "process" or any(a.metadata.get("isolation") == "process"
                                                   for a in self._actions.values()):  # fmt: skip
             await asyncio.to_thread(warm_up)
