@@ -1,12 +1,13 @@
 """The model's executor-side events: requests and cancels through the SDK, scheduling
 rounds of two replicas (also racing), a replica crashing after its claim, the stale-claim
 reclaim, the dead-worker sweep, the schedule-to-start monitor, dead letters, policy changes
-and the admission repair. A mixin of ``test_model.Model``: it reads and writes the state
-that class keeps."""
+and the admission repair. ``test_model.Model`` draws them; they read and write the
+model's ``World`` (model_world.py), which the worker-side events share."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -26,26 +27,30 @@ from integration.model_world import (
     Dispatch,
     Policy,
     Requested,
-    Row,
     Snap,
+    World,
     canonical,
     claim_then_crash,
 )
 
 
 class ExecutorEvents:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.crashes = itertools.count(1)  # the crashed replicas' ids
+
     # -- requests and cancels -------------------------------------------------------------
 
     def request_spec(self) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
         return st.one_of(
-            st.sampled_from(self.echo_values).map(lambda m: ("core.echo", {"message": m})),
+            st.sampled_from(self.world.echo_values).map(lambda m: ("core.echo", {"message": m})),
             st.sampled_from([0, 1]).map(lambda s: ("core.sleep", {"seconds": s})),
             st.just(("core.noop", {})),
             st.sampled_from(["true", "false"]).map(lambda c: ("core.local", {"cmd": c})),
         )
 
     def on_request(self, data: st.DataObject) -> None:
-        if len(self.requested) < MAX_EXECUTIONS:
+        if len(self.world.requested) < MAX_EXECUTIONS:
             specs = data.draw(st.lists(self.request_spec(), min_size=1, max_size=3), label="requests")
             # A batch is one INSERT: the admission trigger sees all of them in one statement.
             self.submit(specs, batch=data.draw(st.booleans(), label="one statement"))
@@ -55,75 +60,56 @@ class ExecutorEvents:
         policy, group full) refused at once."""
         if not specs:
             return
-        status = {r["id"]: r["status"] for r in self.env.conn.execute("SELECT id, status FROM execution").fetchall()}
+        status = {
+            r["id"]: r["status"] for r in self.world.env.conn.execute("SELECT id, status FROM execution").fetchall()
+        }
         if batch:
-            with self.env.client.conn.transaction():
-                ids = request_executions(self.env.client.conn, specs)
+            with self.world.env.client.conn.transaction():
+                ids = request_executions(self.world.env.client.conn, specs)
         else:
-            ids = [self.env.client.request(ref, params) for ref, params in specs]
+            ids = [self.world.env.client.request(ref, params) for ref, params in specs]
         assert ids == sorted(ids)
-        rows = {r["id"]: r for r in self.env.conn.execute("SELECT * FROM execution WHERE id = ANY(%s)", (ids,))}
+        rows = {r["id"]: r for r in self.world.env.conn.execute("SELECT * FROM execution WHERE id = ANY(%s)", (ids,))}
         held: Counter[tuple[str, str]] = Counter(
             (r.policy, r.group)
-            for eid, r in self.requested.items()
+            for eid, r in self.world.requested.items()
             if r.policy and r.group and status[eid] not in TERMINAL
         )
         for eid, (ref, params) in zip(ids, specs, strict=True):
-            target, group, row = self.policy_for(ref), None, rows[eid]
+            target, group, row = self.world.policy_for(ref), None, rows[eid]
             if target is not None:
-                policy = self.policies[target]
+                policy = self.world.policies[target]
                 group = canonical({p: params.get(p) for p in policy.parameters})
                 if policy.method == "cancel" and held[(target, group)] >= policy.concurrency:
                     event("request refused by a cancel policy")
                     assert row["status"] == "cancelled", row
                     assert row["result"]["cancelled_by"] == "admission", row
                     assert row["result"]["policy"] == target, row
-                    self.requested[eid] = Requested(ref, params, target, group)
+                    self.world.requested[eid] = Requested(ref, params, target, group)
                     continue
                 held[(target, group)] += 1
             assert row["status"] == "requested", row
-            self.requested[eid] = Requested(ref, params, target, group)
+            self.world.requested[eid] = Requested(ref, params, target, group)
 
     def on_cancel(self, data: st.DataObject) -> None:
         """The SDK's cancel (the API runs the same query). Drawn again for the same
         execution, it is a duplicate request."""
-        if not self.requested:
+        if not self.world.requested:
             return
-        eid = data.draw(st.sampled_from(sorted(self.requested)), label="execution")
-        before = self.execution(eid)
+        eid = data.draw(st.sampled_from(sorted(self.world.requested)), label="execution")
+        before = self.world.execution(eid)
         try:
-            now: str | None = self.env.client.cancel(eid, by="model")
+            now: str | None = self.world.env.client.cancel(eid, by="model")
         except ConflictError:
             now = None
-        self.check_cancel(before, now)
-
-    def check_cancel(self, before: Row, now: str | None) -> None:
-        """Not started: cancelled at once; running: canceling, for its worker to stop (asked
-        again meanwhile: the same answer); ended: refused, nothing changed."""
-        eid = before["id"]
-        expected = {"requested": "cancelled", "scheduling": "cancelled", "scheduled": "cancelled"}.get(
-            before["status"], "canceling" if before["status"] in ("running", "canceling") else None
-        )
-        assert now == expected, (before, now)
-        event(f"cancel: {before['status']} -> {now}")
-        after = self.execution(eid)
-        if now is None or before["status"] == "canceling":
-            assert after == before
-        else:
-            assert after["status"] == now
-        if before["status"] == "scheduled":  # the dispatch's attempt is closed
-            closed = self.attempt_row(eid, before["attempt"])
-            assert closed is not None
-            assert (closed["outcome"], closed["ended"] is not None) == ("cancelled", True), closed
-        if now == "cancelled":
-            self.stuck.discard(eid)
+        self.world.check_cancel(before, now)
 
     # -- executors ------------------------------------------------------------------------
 
     def new_dispatches(self, before: Snap, after: Snap) -> list[Dispatch]:
         """Executions dispatched by the step; each must be on a worker that could take it."""
         found = []
-        open_ = {p.worker_id: p for p in self.acting("alive") if p.name not in self.cordoned}
+        open_ = {p.worker_id: p for p in self.world.acting("alive") if p.name not in self.world.cordoned}
         for eid, e in after.executions.items():
             was = before.executions.get(eid)
             if e["status"] != "scheduled" or (was and was["status"] == "scheduled" and was["attempt"] == e["attempt"]):
@@ -139,13 +125,13 @@ class ExecutorEvents:
         load = Counter(e["worker"] for e in after.executions.values() if e["status"] in ON_WORKER and e["worker"])
         for wid in {d.worker for d in found}:
             assert load[wid] <= after.workers[wid]["capacity"], ("dispatched beyond capacity", after.workers[wid])
-        self.dispatches += found
+        self.world.dispatches += found
         return found
 
     def round(self, executor: str) -> None:
-        before = self.snapshot()
-        result = self.env.run(self.schedulers[executor].run_round())
-        after = self.snapshot()
+        before = self.world.snapshot()
+        result = self.world.env.run(self.world.schedulers[executor].run_round())
+        after = self.world.snapshot()
         new = self.new_dispatches(before, after)
         assert result.dispatched == len(new), (result, new)
         if new:
@@ -167,15 +153,15 @@ class ExecutorEvents:
 
     async def race(self) -> tuple[Any, Any, Any]:
         a, b, swept = await asyncio.gather(
-            self.schedulers["A"].run_round(), self.schedulers["B"].run_round(), self.recovery.sweep()
+            self.world.schedulers["A"].run_round(), self.world.schedulers["B"].run_round(), self.world.recovery.sweep()
         )
         return a, b, swept
 
     def on_replicas_race(self, data: st.DataObject) -> None:
         """Both replicas' rounds and a sweep at the same time, each on its own connection."""
-        before = self.snapshot()
-        a, b, _ = self.env.run(self.race())
-        after = self.snapshot()
+        before = self.world.snapshot()
+        a, b, _ = self.world.env.run(self.race())
+        after = self.world.snapshot()
         new = self.new_dispatches(before, after)
         assert a.dispatched + b.dispatched == len(new), (a, b, new)
         self.check_swept(after)
@@ -183,45 +169,45 @@ class ExecutorEvents:
     def on_crash_after_claim(self, data: st.DataObject) -> None:
         """A replica claims, then dies before placing anything (its restart has a new id)."""
         scheduler = Scheduler(
-            self.env.pool, executor_id=f"ex-C{next(self.crashes)}", batch_size=4,
-            no_worker_grace=self.grace, unplaceable_check_interval=0,
+            self.world.env.pool, executor_id=f"ex-C{next(self.crashes)}", batch_size=4,
+            no_worker_grace=self.world.grace, unplaceable_check_interval=0,
         )  # fmt: skip
-        before = self.snapshot()
-        ids = self.env.run(claim_then_crash(scheduler, self.env.pool))
+        before = self.world.snapshot()
+        ids = self.world.env.run(claim_then_crash(scheduler, self.world.env.pool))
         for eid in ids:
             assert before.executions[eid]["status"] == "requested"
             assert eid not in before.queue
-            assert self.execution(eid)["status"] == "scheduling"
-        self.stuck |= set(ids)
+            assert self.world.execution(eid)["status"] == "scheduling"
+        self.world.stuck |= set(ids)
 
     def on_reclaim(self, data: st.DataObject) -> None:
-        before = self.snapshot()
+        before = self.world.snapshot()
         stuck = {eid for eid, e in before.executions.items() if e["status"] == "scheduling"}
-        assert stuck <= self.stuck
-        assert self.env.run(self.schedulers["B"].reclaim_stale(1e-6)) == len(stuck)
+        assert stuck <= self.world.stuck
+        assert self.world.env.run(self.world.schedulers["B"].reclaim_stale(1e-6)) == len(stuck)
         for eid in stuck:
-            now = self.execution(eid)
+            now = self.world.execution(eid)
             assert (now["status"], now["executor"]) == ("requested", None), now
             assert now["attempt"] == before.executions[eid]["attempt"], now
-        self.stuck.clear()
+        self.world.stuck.clear()
 
     # -- recovery -------------------------------------------------------------------------
 
     def check_swept(self, after: Snap) -> None:
         """After a sweep nothing is on a worker the model knows is dead."""
-        for wid in self.model_dead():
+        for wid in self.world.model_dead():
             assert after.workers[wid]["status"] == "inactive", after.workers[wid]
         for e in after.executions.values():
             if e["status"] in ON_WORKER:
                 assert e["worker"] is not None, e
                 assert after.workers[e["worker"]]["status"] != "inactive", e
-                assert e["worker"] not in self.model_dead(), e
+                assert e["worker"] not in self.world.model_dead(), e
 
     def on_sweep(self, data: st.DataObject) -> None:
-        before = self.snapshot()
-        dead = {wid for wid in self.model_dead() if before.workers[wid]["status"] != "inactive"}
-        counts = self.env.run(self.recovery.sweep())
-        after = self.snapshot()
+        before = self.world.snapshot()
+        dead = {wid for wid in self.world.model_dead() if before.workers[wid]["status"] != "inactive"}
+        counts = self.world.env.run(self.world.recovery.sweep())
+        after = self.world.snapshot()
         assert counts["dead"] == len(dead), (counts, dead)
         gone = {wid for wid, w in after.workers.items() if w["status"] == "inactive"}
         for eid, was in before.executions.items():
@@ -230,13 +216,13 @@ class ExecutorEvents:
             if status == "scheduled" and worker in gone:
                 event("sweep: handed back")  # never started: its attempt withdrawn
                 assert (now["status"], now["attempt"], now["worker"]) == ("requested", was["attempt"] - 1, None)
-                assert self.attempt_row(eid, was["attempt"]) is None
+                assert self.world.attempt_row(eid, was["attempt"]) is None
             elif status in ("running", "canceling") and (worker is None or worker in gone):
                 lost = sum(1 for a in before.attempts[eid] if a["outcome"] == "worker_lost") + 1
                 expected = "cancelled" if status == "canceling" else "abandoned" if lost >= LOST_MAX else "requested"
                 event(f"sweep: {status} -> {expected}")
                 assert (now["status"], now["attempt"]) == (expected, was["attempt"]), (was, now)
-                closed = self.attempt_row(eid, was["attempt"])
+                closed = self.world.attempt_row(eid, was["attempt"])
                 assert closed is not None
                 assert closed["outcome"] == "worker_lost"
             else:
@@ -245,9 +231,9 @@ class ExecutorEvents:
 
     def on_scheduled_timeouts(self, data: st.DataObject) -> None:
         """Every dispatch is overdue (timeout 1 µs): moved on once, failed the second time."""
-        before = self.snapshot()
-        self.env.run(self.recovery.check_scheduled_timeouts())
-        after = self.snapshot()
+        before = self.world.snapshot()
+        self.world.env.run(self.world.recovery.check_scheduled_timeouts())
+        after = self.world.snapshot()
         for eid, was in before.executions.items():
             now = after.executions[eid]
             if was["status"] != "scheduled":
@@ -257,21 +243,21 @@ class ExecutorEvents:
             expected = "requested" if missed < RESCHEDULES else "failed"
             event(f"scheduled timeout -> {expected}")
             assert (now["status"], now["attempt"]) == (expected, was["attempt"]), (was, now)
-            closed = self.attempt_row(eid, was["attempt"])
+            closed = self.world.attempt_row(eid, was["attempt"])
             assert closed is not None
             assert closed["outcome"] == "not_picked_up"
 
     def on_dead_letter(self, data: st.DataObject) -> None:
         """A dispatch expired in its worker's queue. Drawn again, it is a redelivery of the
         same dead letter; drawn after the execution moved on, a stale one."""
-        if not self.dispatches:
+        if not self.world.dispatches:
             return
-        dispatch = data.draw(st.sampled_from(self.dispatches), label="dispatch")
-        handler = self.dead_letter_handler
+        dispatch = data.draw(st.sampled_from(self.world.dispatches), label="dispatch")
+        handler = self.world.dead_letter_handler
         letter = handler._expired(
             {"id": dispatch.id, "attempt": dispatch.attempt, "worker": dispatch.worker, "scheduled": dispatch.scheduled}
         )
-        before = self.snapshot()
+        before = self.world.snapshot()
         was = before.executions[dispatch.id]
         current = (was["status"], was["attempt"], was["worker"], was["scheduled"]) == (
             "scheduled",
@@ -279,43 +265,43 @@ class ExecutorEvents:
             dispatch.worker,
             dispatch.scheduled,
         )
-        again = letter.dedupe_key in self.dead_letters
+        again = letter.dedupe_key in self.world.dead_letters
         if again:
-            expected = self.dead_letters[letter.dedupe_key]
+            expected = self.world.dead_letters[letter.dedupe_key]
         elif current:
             missed = sum(1 for a in before.attempts[dispatch.id] if a["outcome"] in ("not_picked_up", "expired"))
             expected = "rescheduled" if missed < RESCHEDULES else "failed"
         else:
             expected = "stale"
-        resolution = self.env.run(handler.handle(letter))
+        resolution = self.world.env.run(handler.handle(letter))
         assert resolution == expected, (dispatch, was, resolution)
         event(f"dead letter: {resolution}{' (redelivered)' if again else ''}")
-        after = self.snapshot()
+        after = self.world.snapshot()
         if again or expected == "stale":
             assert after.executions == before.executions
             assert after.attempts == before.attempts
         else:
             now = after.executions[dispatch.id]
             assert now["status"] == ("requested" if expected == "rescheduled" else "failed"), now
-            closed = self.attempt_row(dispatch.id, dispatch.attempt)
+            closed = self.world.attempt_row(dispatch.id, dispatch.attempt)
             assert closed is not None
             assert closed["outcome"] == "expired"
-        self.dead_letters.setdefault(letter.dedupe_key, resolution)
+        self.world.dead_letters.setdefault(letter.dedupe_key, resolution)
 
     def on_raise_limit(self, data: st.DataObject) -> None:
         """An operator raises a policy's limit: its waiters are admitted up to it at once."""
-        target = data.draw(st.sampled_from(sorted(self.policies)), label="policy")
-        p = self.policies[target]
+        target = data.draw(st.sampled_from(sorted(self.world.policies)), label="policy")
+        p = self.world.policies[target]
         if p.concurrency < 3:
             raised = Policy(p.concurrency + 1, p.parameters, p.method)
-            self.env.conn.execute(
+            self.world.env.conn.execute(
                 Q["set_policy"],
                 {"target": target, "concurrency": raised.concurrency, "parameters": list(p.parameters),
                  "method": p.method},
             )  # fmt: skip
-            self.policies[target] = raised
+            self.world.policies[target] = raised
 
     def on_admission_repair(self, data: st.DataObject) -> None:
         """The executors' upkeep finds nothing to mend: the triggers never leave a free
         slot with someone waiting for it."""
-        assert self.env.run(self.schedulers["A"].repair_admission()) == 0
+        assert self.world.env.run(self.world.schedulers["A"].repair_admission()) == 0

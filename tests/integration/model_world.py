@@ -1,16 +1,19 @@
-"""The model test's world: its settings, the event weights, and the records the model
-keeps of what it decided (worker processes, results, dispatches, policies, requests)."""
+"""The model test's world: its settings, the event weights, the records the model keeps
+of what it decided (worker processes, results, dispatches, policies, requests), and the
+``World`` that holds them and reads the database."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import defaultdict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+from hypothesis import event
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -18,6 +21,8 @@ from psycopg_pool import AsyncConnectionPool
 from conveyor.config import Settings, WorkerSettings
 from conveyor.domain.status import ON_WORKER as ON_WORKER
 from conveyor.domain.status import TERMINAL as TERMINAL
+from conveyor.executor.dead_letters import DeadLetterHandler
+from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.sdk import Client
 from conveyor.transport.postgres import PostgresTransport
@@ -68,10 +73,14 @@ EVENTS = tuple(name for name, weight in WEIGHTS.items() for _ in range(weight))
 OPTIONAL = ("cancel", "scheduled timeouts", "dead letter", "crash after claim", "kill worker", "hang worker",
             "drain worker", "replicas race", "stop worker", "raise limit")  # fmt: skip
 
-# Each example starts from these tables emptied (actions and migrations stay).
+# Each example starts from these tables emptied (actions and migrations stay). The sweep
+# counts a heartbeat's age from this server lifetime's start at the earliest (recovery.sql):
+# that start is moved a day back, so that a heartbeat the model makes an hour old (a hung
+# worker, the drain at teardown) is stale however long the server has been up.
 RESET = (
     "TRUNCATE execution, execution_attempt, worker, outbox, dead_letter, admission_policy,"
-    " execution_admission_group, execution_admission_slot, execution_admission_queue RESTART IDENTITY CASCADE"
+    " execution_admission_group, execution_admission_slot, execution_admission_queue RESTART IDENTITY CASCADE;"
+    " SELECT stamp_server_epoch(); UPDATE server_epoch SET epoch = LEAST(epoch, now() - interval '1 day')"
 )
 
 
@@ -156,6 +165,86 @@ class Snap:
     slots: dict[int, Row]
     queue: dict[int, Row]
     workers: dict[int, Row]
+
+
+class World:
+    """What the model knows, shared by the state machine (test_model.Model) and its two
+    kits of events (model_executors, model_workers): what the test decided (policies,
+    requests, worker processes, the messages sent) and the executor parts it drives; and
+    how it reads the database."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.policies: dict[str, Policy] = {}
+        self.echo_values: tuple[str, ...] = ("a", "b")
+        self.requested: dict[int, Requested] = {}
+        self.procs: dict[str, Proc] = {}  # the latest process of each worker name
+        self.every_proc: list[Proc] = []  # to close their connections at teardown
+        self.cordoned: set[str] = set()
+        self.stuck: set[int] = set()  # claims left in scheduling by crashed replicas
+        self.dispatches: list[Dispatch] = []
+        self.results: list[Result] = []
+        self.dead_letters: dict[str, str] = {}  # dedupe key -> first resolution
+        self.grace = 0.0
+        self.schedulers: dict[str, Scheduler] = {}
+        self.recovery = Recovery(env.pool, SETTINGS)
+        self.dead_letter_handler = DeadLetterHandler(env.pool, env.transport, SETTINGS, "ex-A")
+
+    def snapshot(self) -> Snap:
+        c = self.env.conn
+        executions = {r["id"]: r for r in c.execute("SELECT * FROM execution ORDER BY id").fetchall()}
+        attempts: dict[int, list[Row]] = defaultdict(list)
+        for a in c.execute("SELECT * FROM execution_attempt ORDER BY execution, attempt").fetchall():
+            attempts[a["execution"]].append(a)
+        slots = {r["execution"]: r for r in c.execute("SELECT * FROM execution_admission_slot").fetchall()}
+        queue = {r["execution"]: r for r in c.execute("SELECT * FROM execution_admission_queue").fetchall()}
+        workers = {r["id"]: r for r in c.execute("SELECT * FROM worker").fetchall()}
+        return Snap(executions, attempts, slots, queue, workers)
+
+    def execution(self, eid: int) -> Row:
+        found = self.env.conn.execute("SELECT * FROM execution WHERE id = %s", (eid,)).fetchone()
+        assert found is not None
+        return found
+
+    def attempt_row(self, eid: int, attempt: int) -> Row | None:
+        return self.env.conn.execute(
+            "SELECT * FROM execution_attempt WHERE execution = %s AND attempt = %s", (eid, attempt)
+        ).fetchone()
+
+    def model_dead(self) -> set[int]:
+        """Worker ids whose latest process is not alive (killed or hung)."""
+        return {p.worker_id for p in self.procs.values() if p.state != "alive"}
+
+    def acting(self, *states: str) -> list[Proc]:
+        """Processes in one of ``states`` (default: alive or hung, i.e. able to write), by name."""
+        return [p for _, p in sorted(self.procs.items()) if p.state in (states or ("alive", "hung"))]
+
+    def policy_for(self, ref: str) -> str | None:
+        for target in (ref, ref.split(".", 1)[0], "*"):
+            if target in self.policies:
+                return target
+        return None
+
+    def check_cancel(self, before: Row, now: str | None) -> None:
+        """Not started: cancelled at once; running: canceling, for its worker to stop (asked
+        again meanwhile: the same answer); ended: refused, nothing changed."""
+        eid = before["id"]
+        expected = {"requested": "cancelled", "scheduling": "cancelled", "scheduled": "cancelled"}.get(
+            before["status"], "canceling" if before["status"] in ("running", "canceling") else None
+        )
+        assert now == expected, (before, now)
+        event(f"cancel: {before['status']} -> {now}")
+        after = self.execution(eid)
+        if now is None or before["status"] == "canceling":
+            assert after == before
+        else:
+            assert after["status"] == now
+        if before["status"] == "scheduled":  # the dispatch's attempt is closed
+            closed = self.attempt_row(eid, before["attempt"])
+            assert closed is not None
+            assert (closed["outcome"], closed["ended"] is not None) == ("cancelled", True), closed
+        if now == "cancelled":
+            self.stuck.discard(eid)
 
 
 def canonical(value: Any) -> str:

@@ -23,14 +23,13 @@ slot and queue row with it.
 
 One database serves the whole run; each example starts from truncated tables. Run it
 longer with CONVEYOR_MODEL_EXAMPLES=500. The races it found are pinned down in
-test_races.py. The events live in two mixins (model_executors.py, model_workers.py); the
-settings and the model's records in model_world.py.
+test_races.py. The events live in two kits (model_executors.py, model_workers.py) that
+the model owns; the settings and what the model knows (``World``) in model_world.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -43,8 +42,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from psycopg.types.json import Jsonb
 
 import conveyor
-from conveyor.executor.dead_letters import DeadLetterHandler
-from conveyor.executor.recovery import Recovery
 from conveyor.executor.scheduler import Scheduler
 from conveyor.sdk import Client
 from conveyor.store.db import connect_sync, make_pool
@@ -60,89 +57,34 @@ from integration.model_world import (
     PYTHON_ACTIONS,
     RESET,
     SCHEMA,
-    SETTINGS,
     TERMINAL,
     WORKER_CFG,
     WORKER_NAMES,
     WORKER_SPECS,
-    Dispatch,
     Env,
     Policy,
     Proc,
-    Requested,
-    Result,
-    Row,
     Snap,
+    World,
     canonical,
     noop,
     noop_lost,
 )
 
 
-class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
+class Model(RuleBasedStateMachine):
     def __init__(self, env: Env) -> None:
         super().__init__()
-        self.env = env
         env.conn.execute(RESET)
+        self.world = World(env)
+        self.executors = ExecutorEvents(self.world)
+        self.workers = WorkerEvents(self.world)
         self.ready = False
         # False from the start of a step until the invariants pass: teardown then drains
         # only an example whose steps all passed, and never masks the first failure.
         self.settled = True
         self.events: tuple[str, ...] = EVENTS
-        self.policies: dict[str, Policy] = {}
-        self.echo_values: tuple[str, ...] = ("a", "b")
-        self.requested: dict[int, Requested] = {}
-        self.procs: dict[str, Proc] = {}  # the latest process of each worker name
-        self.every_proc: list[Proc] = []  # to close their connections at teardown
-        self.cordoned: set[str] = set()
-        self.stuck: set[int] = set()  # claims left in scheduling by crashed replicas
         self.terminal: dict[int, tuple[Any, ...]] = {}
-        self.dispatches: list[Dispatch] = []
-        self.results: list[Result] = []
-        self.dead_letters: dict[str, str] = {}  # dedupe key -> first resolution
-        self.crashes = itertools.count(1)
-        self.writer_pid: int | None = None
-        self.grace = 0.0
-        self.schedulers: dict[str, Scheduler] = {}
-        self.recovery = Recovery(env.pool, SETTINGS)
-        self.dead_letter_handler = DeadLetterHandler(env.pool, env.transport, SETTINGS, "ex-A")
-
-    # -- reading the database -----------------------------------------------------------
-
-    def snapshot(self) -> Snap:
-        c = self.env.conn
-        executions = {r["id"]: r for r in c.execute("SELECT * FROM execution ORDER BY id").fetchall()}
-        attempts: dict[int, list[Row]] = defaultdict(list)
-        for a in c.execute("SELECT * FROM execution_attempt ORDER BY execution, attempt").fetchall():
-            attempts[a["execution"]].append(a)
-        slots = {r["execution"]: r for r in c.execute("SELECT * FROM execution_admission_slot").fetchall()}
-        queue = {r["execution"]: r for r in c.execute("SELECT * FROM execution_admission_queue").fetchall()}
-        workers = {r["id"]: r for r in c.execute("SELECT * FROM worker").fetchall()}
-        return Snap(executions, attempts, slots, queue, workers)
-
-    def execution(self, eid: int) -> Row:
-        found = self.env.conn.execute("SELECT * FROM execution WHERE id = %s", (eid,)).fetchone()
-        assert found is not None
-        return found
-
-    def attempt_row(self, eid: int, attempt: int) -> Row | None:
-        return self.env.conn.execute(
-            "SELECT * FROM execution_attempt WHERE execution = %s AND attempt = %s", (eid, attempt)
-        ).fetchone()
-
-    def model_dead(self) -> set[int]:
-        """Worker ids whose latest process is not alive (killed or hung)."""
-        return {p.worker_id for p in self.procs.values() if p.state != "alive"}
-
-    def acting(self, *states: str) -> list[Proc]:
-        """Processes in one of ``states`` (default: alive or hung, i.e. able to write), by name."""
-        return [p for _, p in sorted(self.procs.items()) if p.state in (states or ("alive", "hung"))]
-
-    def policy_for(self, ref: str) -> str | None:
-        for target in (ref, ref.split(".", 1)[0], "*"):
-            if target in self.policies:
-                return target
-        return None
 
     # -- setup and the one rule -----------------------------------------------------------
 
@@ -169,45 +111,49 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
     ) -> None:
         # core.echo: enqueue, grouped by message; core.sleep: sometimes a cancel policy;
         # core.noop and core.local: unrestricted unless a pack or global policy governs them.
-        self.policies["core.echo"] = Policy(echo_limit, ("message",), "enqueue")
-        self.echo_values = ("a", "b", "c")[:echo_values]
+        self.world.policies["core.echo"] = Policy(echo_limit, ("message",), "enqueue")
+        self.world.echo_values = ("a", "b", "c")[:echo_values]
         if sleep is not None:
-            self.policies["core.sleep"] = Policy(sleep[0], sleep[1], "cancel")
+            self.world.policies["core.sleep"] = Policy(sleep[0], sleep[1], "cancel")
         if pack is not None:
-            self.policies[pack] = Policy(2, (), "enqueue")
-        for target, p in self.policies.items():
-            self.env.conn.execute(
+            self.world.policies[pack] = Policy(2, (), "enqueue")
+        for target, p in self.world.policies.items():
+            self.world.env.conn.execute(
                 Q["set_policy"],
                 {"target": target, "concurrency": p.concurrency, "parameters": list(p.parameters), "method": p.method},
             )
-        self.grace = grace
+        self.world.grace = grace
         for name in "AB":
-            self.schedulers[name] = Scheduler(
-                self.env.pool, executor_id=f"ex-{name}", batch_size=4,
+            self.world.schedulers[name] = Scheduler(
+                self.world.env.pool, executor_id=f"ex-{name}", batch_size=4,
                 no_worker_grace=grace, unplaceable_check_interval=0,
             )  # fmt: skip
         self.events = tuple(e for e in EVENTS if e not in quiet)
         for name, spec in zip(WORKER_NAMES, workers, strict=False):
-            self.start_worker(name, *spec)
+            self.workers.start_worker(name, *spec)
         self.ready = True
-        self.submit(data.draw(st.lists(self.request_spec(), max_size=6), label="initial requests"), batch=False)
+        self.executors.submit(
+            data.draw(st.lists(self.executors.request_spec(), max_size=6), label="initial requests"), batch=False
+        )
 
     @rule(data=st.data())
     def happen(self, data: st.DataObject) -> None:
         self.settled = False
         what = data.draw(st.sampled_from(self.events), label="event")
-        getattr(self, "on_" + what.replace(" ", "_"))(data)
+        name = "on_" + what.replace(" ", "_")
+        handler = getattr(self.executors, name, None) or getattr(self.workers, name)
+        handler(data)
 
     # -- invariants -----------------------------------------------------------------------
 
     @invariant()
     def consistent(self) -> None:
         if self.ready:
-            self.check(self.snapshot())
+            self.check(self.world.snapshot())
             self.settled = True
 
     def check(self, s: Snap) -> None:
-        assert set(s.executions) == set(self.requested), "an execution appeared or vanished"
+        assert set(s.executions) == set(self.world.requested), "an execution appeared or vanished"
         for eid, e in s.executions.items():
             status, attempt = e["status"], e["attempt"]
             rows = s.attempts.get(eid, [])
@@ -227,7 +173,7 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
                 assert (e["worker"], e["executor"]) == (None, None), e
             # Nothing stays in scheduling once a round is over, but a crashed replica's claims.
             if status == "scheduling":
-                assert eid in self.stuck, e
+                assert eid in self.world.stuck, e
             # Terminal is final: status, result and end time never change again.
             if status in TERMINAL:
                 final = (status, canonical(e["result"]), e["ended"], attempt)
@@ -239,7 +185,7 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
         running = Counter(e["worker"] for e in s.executions.values() if e["status"] in ("running", "canceling"))
         for wid, w in s.workers.items():
             assert running[wid] <= w["capacity"], (w, running[wid])
-        for proc in self.acting("alive"):
+        for proc in self.world.acting("alive"):
             assert s.workers[proc.worker_id]["status"] == "active", s.workers[proc.worker_id]
         self.check_admission(s)
 
@@ -248,13 +194,13 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
         the first ``concurrency`` hold a slot and the others wait; under cancel each holds
         one. Terminal and ungoverned executions hold nothing."""
         members: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for eid, r in sorted(self.requested.items()):
+        for eid, r in sorted(self.world.requested.items()):
             if r.policy is not None and r.group is not None and s.executions[eid]["status"] not in TERMINAL:
                 members[(r.policy, r.group)].append(eid)
         holders: dict[int, tuple[str, str]] = {}
         waiters: dict[int, tuple[str, str]] = {}
         for key, live in members.items():
-            policy = self.policies[key[0]]
+            policy = self.world.policies[key[0]]
             if policy.method == "enqueue":
                 holders.update(dict.fromkeys(live[: policy.concurrency], key))
                 waiters.update(dict.fromkeys(live[policy.concurrency :], key))
@@ -282,36 +228,38 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
             if self.ready and self.settled:
                 self.drain()
         finally:
-            for proc in self.every_proc:
-                self.env.run(proc.liveness._drop_connection())
+            for proc in self.world.every_proc:
+                self.world.env.run(proc.liveness._drop_connection())
 
     def drain(self) -> None:
         """Every worker dies, the sweep recovers their work, a fresh worker runs the rest:
         everything ends (no waiter is left behind), and every slot and queue row with it."""
-        if self.stuck:
-            self.env.run(self.schedulers["A"].reclaim_stale(1e-6))
-            self.stuck.clear()
-        for proc in self.acting():
-            self.env.run(proc.liveness._drop_connection())
+        if self.world.stuck:
+            self.world.env.run(self.world.schedulers["A"].reclaim_stale(1e-6))
+            self.world.stuck.clear()
+        for proc in self.world.acting():
+            self.world.env.run(proc.liveness._drop_connection())
             proc.state, proc.runs = "killed", {}
-        self.env.conn.execute("UPDATE worker SET last_heartbeat = now() - interval '1 hour'")
-        self.env.run(self.recovery.sweep())
+        self.world.env.conn.execute("UPDATE worker SET last_heartbeat = now() - interval '1 hour'")
+        self.world.env.run(self.world.recovery.sweep())
         registration = {
             "name": "drain", "runtimes": ["python", "shell"], "actions": list(PYTHON_ACTIONS),
             "capabilities": Jsonb({}), "capacity": 10, "host": "model", "pid": 0, "version": conveyor.__version__,
         }  # fmt: skip
-        liveness = Liveness(self.env.url, SCHEMA, WORKER_CFG, registration, on_lost=noop_lost, on_rejoined=noop)
-        worker_id = self.env.run(liveness.start())
-        self.every_proc.append(Proc("drain", liveness, worker_id, 10, frozenset(PYTHON_ACTIONS), ("python", "shell")))
+        liveness = Liveness(self.world.env.url, SCHEMA, WORKER_CFG, registration, on_lost=noop_lost, on_rejoined=noop)
+        worker_id = self.world.env.run(liveness.start())
+        self.world.every_proc.append(
+            Proc("drain", liveness, worker_id, 10, frozenset(PYTHON_ACTIONS), ("python", "shell"))
+        )
         busy = "SELECT 1 FROM execution WHERE status <> ALL(%s)"
-        for _ in range(len(self.requested) + 5):  # each pass ends at least one per group
-            if not self.env.conn.execute(busy, (list(TERMINAL),)).fetchone():
+        for _ in range(len(self.world.requested) + 5):  # each pass ends at least one per group
+            if not self.world.env.conn.execute(busy, (list(TERMINAL),)).fetchone():
                 break
-            self.env.run(self.schedulers["A"].run_round())
-            runs = self.env.conn.execute(Q["claim_scheduled"], {"worker": worker_id, "limit": 10}).fetchall()
+            self.world.env.run(self.world.schedulers["A"].run_round())
+            runs = self.world.env.conn.execute(Q["claim_scheduled"], {"worker": worker_id, "limit": 10}).fetchall()
             # One batch, as the worker's result writer sends them.
             n = len(runs)
-            written = self.env.conn.execute(
+            written = self.world.env.conn.execute(
                 Q["finish"],
                 {
                     "worker": worker_id, "ids": [r["id"] for r in runs], "attempts": [r["attempt"] for r in runs],
@@ -320,7 +268,7 @@ class Model(ExecutorEvents, WorkerEvents, RuleBasedStateMachine):
                 },
             ).fetchall()  # fmt: skip
             assert sorted(r["id"] for r in written) == sorted(r["id"] for r in runs)
-        s = self.snapshot()
+        s = self.world.snapshot()
         unfinished = {eid: e["status"] for eid, e in s.executions.items() if e["status"] not in TERMINAL}
         assert unfinished == {}, f"left after the drain: {unfinished}, slots {s.slots}, queue {s.queue}"
         assert s.slots == {}

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from conveyor.actions.core import core
 from conveyor.actions.registry import ActionDefinition
 from conveyor.worker.runners import run_python, run_subprocess
-from support.polling import until
+from support.polling import eventually, until
 
 PY = sys.executable
 LIMIT = 64 * 1024
@@ -175,6 +176,29 @@ async def test_cancellation_kills_the_process_group_and_propagates(tmp_path: Pat
     task = asyncio.create_task(run(LOCAL, {"cmd": spawner(pidfile)}, timeout=30, kill_grace=0.5))
     await until(pidfile.exists, timeout=2.0, interval=0.01)
     task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for pid in pids(pidfile):
+        await until(lambda pid=pid: not alive(pid), timeout=2.0, interval=0.01)  # type: ignore[misc]
+
+
+async def test_cancellation_while_the_process_starts_kills_the_process_group(tmp_path: Path) -> None:
+    # Cancelled after the process started but before asyncio connected its pipes (a loaded
+    # machine): asyncio's own clean-up killed the leader alone and waited for the pipes,
+    # which the rest of the group held open -- the cancellation took as long as the group
+    # ran (100 s of `sleep 100` in a CI run), and the group was not stopped by it.
+    pidfile = tmp_path / "pids"
+    before = {p.pid for p in psutil.Process().children()}
+    task = asyncio.create_task(run(LOCAL, {"cmd": spawner(pidfile)}, timeout=30, kill_grace=0.5))
+    for _ in range(100):  # one step at a time, until the process exists
+        await asyncio.sleep(0)
+        if {p.pid for p in psutil.Process().children()} - before:
+            break
+    # Blocking on purpose: the loop must not run on (and connect the pipes) meanwhile.
+    eventually(pidfile.exists, timeout=10.0, interval=0.01)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=10.0)
+    assert done, "the cancellation waited for the process group to end by itself"
     with pytest.raises(asyncio.CancelledError):
         await task
     for pid in pids(pidfile):

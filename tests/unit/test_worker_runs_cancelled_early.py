@@ -38,7 +38,7 @@ def _row(eid: int) -> ClaimedRun:
 
 async def test_stopped_before_its_first_step_is_released(worker: service.WorkerService) -> None:
     worker._start(_row(645))  # no await in between: the task has not started
-    await worker._stop_everything("lost standing")
+    await worker._releaser.stop_everything("lost standing")
     assert [r.execution_id for r in worker._runs.stopped()] == [645]
     assert worker._runs.active() == []  # its slot is free
 

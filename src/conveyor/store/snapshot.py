@@ -23,6 +23,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from conveyor.store.migrate import migrate
+
 SNAPSHOT = Path(__file__).parent / "sql" / "schema.sql"
 HEADER = (
     "-- The schema the migrations produce (conveyor.store.snapshot; checked by a test).\n"
@@ -53,14 +55,14 @@ def dump_schema(url: str, schema: str) -> str:
 
 
 def regenerate(server_url: str, schema: str = "conveyor") -> str:
-    from conveyor.service.app import prepare_database
-
     name = f"conveyor_snapshot_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-        prepare_database(url, schema)
+        # The migrations alone: what the service adds at start (the core pack's rows) is
+        # data, which a schema-only dump leaves out.
+        migrate(url, schema)
         text = dump_schema(url, schema)
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:

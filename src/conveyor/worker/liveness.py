@@ -302,7 +302,7 @@ class Liveness:
         self.fenced = True
         if self._lease is not None:
             self._lease.expire()  # its isolated actions stop at once: they are recovered elsewhere
-        # Stopped runs are handed to recovery (service._detach_stopped when it rejoins, or
+        # Stopped runs are handed to recovery (releasing.Releaser.detach_stopped when it rejoins, or
         # the executors' sweep): each is re-run as a new attempt or abandoned, by its policy.
         log.error("worker lost its standing; stopping its executions: the executors re-run them as a new attempt "
                   "or abandon them (on_worker_lost)", worker=self.name, reason=reason)  # fmt: skip

@@ -1,17 +1,18 @@
 """How a worker lets go of its work: when it loses its standing (stop every run, then hand
 the stopped ones to recovery) and when it shuts down (drain, then release what is left).
 
-A part of WorkerService (service.py), apart so that each file stays readable: the
-attributes below are the service's own, set in its ``__init__``."""
+The worker service (service.py) owns one ``Releaser``; its liveness calls it when the
+standing is lost and when the worker rejoins."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
-from conveyor.config import WorkerSettings
+from conveyor.config import Settings
 from conveyor.domain.outcome import AttemptEnd, after_interrupted
 from conveyor.domain.status import ExecutionStatus, WorkerStatus
 from conveyor.store.db import SESSION_ENDED, Pool
@@ -22,23 +23,33 @@ from conveyor.worker.runs import Runs
 
 log = structlog.get_logger(__name__)
 
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
-class Releasing:
-    name: str
-    cfg: WorkerSettings
-    _pool: Pool
-    _runs: Runs
-    _liveness: Liveness
-    _on_worker_lost: Literal["retry", "abandon"]
+
+class Releaser:
+    def __init__(
+        self,
+        name: str,
+        pool: Pool,
+        runs: Runs,
+        liveness: Liveness,
+        settings: Settings,
+        *,
+        spawn: Spawn,  # a task under the worker's task group
+    ) -> None:
+        self.name = name
+        self._pool = pool
+        self._runs = runs
+        self._liveness = liveness
+        self._shutdown_timeout = settings.worker.shutdown_timeout
+        self._on_worker_lost = settings.recovery.on_worker_lost
+        self._spawn = spawn
 
     @property
     def worker_id(self) -> int | None:
-        raise NotImplementedError
+        return self._liveness.worker_id
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        raise NotImplementedError
-
-    async def _stop_everything(self, reason: str) -> None:
+    async def stop_everything(self, reason: str) -> None:
         """Stop every execution (process groups killed by the runners); each is remembered
         for release. Those already recovered elsewhere are refused by the fence then."""
         tasks = [run.task for run in self._runs.active() if run.task is not None]
@@ -48,7 +59,7 @@ class Releasing:
             await asyncio.gather(*tasks, return_exceptions=True)
             log.warning("stopped executions", count=len(tasks), reason=reason, worker=self.name)
 
-    async def _detach_stopped(self) -> None:
+    async def detach_stopped(self) -> None:
         """After losing its standing: hand the stopped executions to the executors' sweep,
         which applies the lost-worker policy (re-run with backoff, or abandon)."""
         stopped = self._runs.stopped()
@@ -61,7 +72,7 @@ class Releasing:
         self._runs.released(stopped)
         log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
 
-    async def _release_interrupted(self) -> None:
+    async def release_interrupted(self) -> None:
         """At shutdown: running -> requested for what was stopped (outcome interrupted), or
         abandoned for actions that must not run twice; fenced on (worker, attempt)."""
         stopped = self._runs.stopped()
@@ -82,7 +93,7 @@ class Releasing:
 
     # -- shutdown ---------------------------------------------------------------------
 
-    async def _drain(self, fast_stop: asyncio.Event) -> None:
+    async def drain(self, fast_stop: asyncio.Event) -> None:
         """Graceful part of shutdown: no new work, hand back what has not started,
         give running work ``shutdown_timeout`` to finish, then stop and release it."""
         self._liveness.begin_draining()
@@ -97,17 +108,17 @@ class Releasing:
         except SESSION_ENDED as exc:
             log.warning("cannot hand back scheduled work; recovery will", error=str(exc).strip())
         if active := self._runs.active():
-            log.info("waiting for running executions", count=len(active), timeout=self.cfg.shutdown_timeout)
+            log.info("waiting for running executions", count=len(active), timeout=self._shutdown_timeout)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.shutdown_timeout
+        deadline = loop.time() + self._shutdown_timeout
         while self._runs.active() and not fast_stop.is_set() and (remaining := deadline - loop.time()) > 0:
             fast = self._spawn(_wait_for(fast_stop), "worker-fast-stop")
             tasks = [run.task for run in self._runs.active() if run.task is not None]
             await asyncio.wait([*tasks, fast], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             fast.cancel()
-        await self._stop_everything("shutdown")
+        await self.stop_everything("shutdown")
         try:
-            await self._release_interrupted()
+            await self.release_interrupted()
         except SESSION_ENDED as exc:
             log.warning("cannot release stopped executions; recovery will", error=str(exc).strip())
 

@@ -50,7 +50,7 @@ from conveyor.worker.instrument import observe_claims
 from conveyor.worker.liveness import Liveness
 from conveyor.worker.naming import default_worker_name
 from conveyor.worker.output import OutputWriter
-from conveyor.worker.releasing import Releasing
+from conveyor.worker.releasing import Releaser
 from conveyor.worker.results import Finished, ResultWriter
 from conveyor.worker.runners import run_python, run_subprocess
 from conveyor.worker.runners.isolated import Lease, entry_point, preload, run_isolated, warm_up
@@ -62,7 +62,7 @@ log = structlog.get_logger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 
 
-class WorkerService(Releasing):
+class WorkerService:
     def __init__(
         self,
         settings: Settings,
@@ -117,12 +117,13 @@ class WorkerService(Releasing):
                 "pid": os.getpid(),
                 "version": conveyor.__version__,
             },
-            on_lost=self._stop_everything,
-            on_rejoined=self._detach_stopped,
+            # The releaser is made next: it lets go of the work through this liveness.
+            on_lost=lambda reason: self._releaser.stop_everything(reason),
+            on_rejoined=lambda: self._releaser.detach_stopped(),
             on_new_server=self._server_changed,
             lease=self._lease,
         )
-        self._on_worker_lost = settings.recovery.on_worker_lost
+        self._releaser = Releaser(self.name, pool, self._runs, self._liveness, settings, spawn=self._spawn)
 
     @property
     def worker_id(self) -> int | None:
@@ -158,7 +159,7 @@ class WorkerService(Releasing):
                 writer = tg.create_task(self._results.run(), name="worker-results")
                 output = tg.create_task(self._output.run(), name="worker-output")
                 await self._claim_loop(stop)
-                await self._drain(fast_stop)
+                await self._releaser.drain(fast_stop)
                 await self._results.flushed(within=max(self.cfg.heartbeat_interval, 5.0))
                 writer.cancel()
                 output.cancel()
@@ -277,7 +278,7 @@ class WorkerService(Releasing):
         the worker's books -- never released to recovery, never recorded, holding a slot --
         and in the database, on a worker that is alive, so no sweep ever took it back (found
         by the chaos suite). Registered before anyone else awaits the task, so it runs
-        before ``_stop_everything``'s gather returns."""
+        before ``Releaser.stop_everything``'s gather returns."""
         if not task.cancelled() or self._runs.get(run.execution_id, run.attempt) is not run:
             return  # it ran: _execute settled its books
         if run.state is RunState.CANCELLING:  # a user's cancel: recorded cancelled, as _execute does

@@ -113,6 +113,22 @@ async def _terminate(pgid: int, capture: _Capture, grace: float) -> None:
             _signal_group(pgid, signal.SIGKILL)
 
 
+async def _stop_started(start: asyncio.Future[tuple[asyncio.SubprocessTransport, _Capture]], grace: float) -> None:
+    """A run cancelled while its process was starting: let the start finish, then stop the
+    whole group. (Cancelled before asyncio has connected the pipes, the start's own clean-up
+    kills the leader alone and then waits for every pipe to close -- which the rest of the
+    group holds open: the group ran on, and the cancellation waited for it to end by itself;
+    100 s of a ``sleep 100`` in a loaded CI run.)"""
+    try:
+        transport, capture = await asyncio.shield(start)
+    except (OSError, ValueError):
+        return  # it did not start: nothing runs
+    try:
+        await _terminate(transport.get_pid(), capture, grace)
+    finally:
+        transport.close()
+
+
 def _failure(exit_code: int | None) -> str | None:
     if exit_code is None:
         return "no exit status"
@@ -154,9 +170,8 @@ async def run_subprocess(
         # Started through the group guard: if the worker dies (SIGKILL, OOM), its whole
         # process group is killed, since the execution is recovered elsewhere.
         argv = [sys.executable, "-I", _GUARD, *argv]
-    loop = asyncio.get_running_loop()
-    try:
-        transport, capture = await loop.subprocess_exec(
+    start = asyncio.ensure_future(
+        asyncio.get_running_loop().subprocess_exec(
             lambda: _Capture(output_limit, on_output),
             *argv,
             stdin=subprocess.PIPE if feed_json else subprocess.DEVNULL,
@@ -164,8 +179,14 @@ async def run_subprocess(
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group, so a timeout can kill all of it
         )
+    )
+    try:
+        transport, capture = await asyncio.shield(start)
     except (OSError, ValueError) as e:  # not found, not executable, NUL byte in an argument
         return failed(f"cannot start {argv[0]!r}: {getattr(e, 'strerror', None) or e}")
+    except asyncio.CancelledError:
+        await _stop_started(start, kill_grace)
+        raise
 
     pgid = transport.get_pid()  # start_new_session makes the child its group's leader
     timed_out = False
