@@ -243,8 +243,10 @@ class ActionRegistry:
             )
             if isolation is not None:
                 if isolation == "process" and ("<locals>" in func.__qualname__ or func.__module__ == "__main__"):
-                    raise ValueError(f"action {ref!r}: isolation='process' needs a function importable by name "
-                                     "(defined at the top level of a module other than __main__)")  # fmt: skip
+                    raise ValueError(
+                        f"action {ref!r}: isolation='process' needs a function importable by name "
+                        "(defined at the top level of a module other than __main__)"
+                    )
                 metadata["isolation"] = isolation
             self.add(
                 ActionDefinition(

@@ -64,8 +64,12 @@ async def docs() -> Response:
         swagger_ui_parameters={"validatorUrl": None},
     )
     html = bytes(page.body).decode()
-    headers = {"Content-Security-Policy": _csp(html), "X-Content-Type-Options": "nosniff",
-               "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}  # fmt: skip
+    headers = {
+        "Content-Security-Policy": _csp(html),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",
+        "Cache-Control": "no-store",
+    }
     return Response(html, media_type="text/html; charset=utf-8", headers=headers)
 
 

@@ -72,9 +72,11 @@ def install(app: FastAPI) -> None:
             detail = next(p for p in problems if p.get("type") == "json_invalid").get("ctx", {}).get("error", "")
             return error(400, f"malformed JSON body: {detail}".rstrip(": "))
         text = "; ".join(f"{_field(tuple(p.get('loc', ())))}: {p.get('msg', 'invalid')}" for p in problems)
-        return error(422, f"invalid request: {text}", problems=[
-            {"field": _field(tuple(p.get("loc", ()))), "message": p.get("msg", "")} for p in problems
-        ])  # fmt: skip
+        return error(
+            422,
+            f"invalid request: {text}",
+            problems=[{"field": _field(tuple(p.get("loc", ()))), "message": p.get("msg", "")} for p in problems],
+        )
 
     @app.exception_handler(ConveyorError)
     async def conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:

@@ -127,8 +127,9 @@ def styled(text: str, style: str) -> Text:
 
 def line(*parts: str | Text | tuple[str, str]) -> Text:
     """One line from literal pieces: plain strings, ``Text``, or ``(text, style)``."""
-    return Text.assemble(*(_shown(p) if isinstance(p, str) else (_shown(p[0]), p[1]) if isinstance(p, tuple) else p
-                           for p in parts))  # fmt: skip
+    return Text.assemble(
+        *(_shown(p) if isinstance(p, str) else (_shown(p[0]), p[1]) if isinstance(p, tuple) else p for p in parts)
+    )
 
 
 def age(seconds: float | None) -> str:

@@ -138,9 +138,17 @@ def list_(
         print_json(rows)
         return
     table = Table(
-        "id", "first seen", "reason", "resolution", "queue", "routing key", "execution", "attempt", "deliveries",
+        "id",
+        "first seen",
+        "reason",
+        "resolution",
+        "queue",
+        "routing key",
+        "execution",
+        "attempt",
+        "deliveries",
         "detail",
-    )  # fmt: skip
+    )
     for r in rows:
         table.add_row(
             str(r["id"]),
@@ -175,9 +183,13 @@ def show(
         print_json(row)
         return
     console.print(
-        line((f"dead letter {row['id']}", "bold"), f"  {row['reason']}  ", _styled(row["resolution"]),
-             f"  ({row['transport']} transport)")
-    )  # fmt: skip
+        line(
+            (f"dead letter {row['id']}", "bold"),
+            f"  {row['reason']}  ",
+            _styled(row["resolution"]),
+            f"  ({row['transport']} transport)",
+        )
+    )
     for key, value in row.items():
         if key in ("payload", "headers"):
             continue

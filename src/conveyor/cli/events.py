@@ -21,8 +21,7 @@ from conveyor.domain.idempotency import check_idempotency_key
 from conveyor.sdk import Client
 
 app = typer.Typer(help="Emit, list, show and replay events.", no_args_is_help=True)
-enforcements = typer.Typer(help="List and show enforcements (what rules decided about events).",
-                           no_args_is_help=True)  # fmt: skip
+enforcements = typer.Typer(help="List and show enforcements (what rules decided about events).", no_args_is_help=True)
 
 _OUTCOME_STYLE = {"requested": "green", "template_error": "red", "request_error": "red", "rule_disabled": "yellow"}
 
@@ -103,9 +102,15 @@ def list_(
         return
     table = Table("id", "trigger", "source", "received", "replay of", "rules", "payload")
     for r in rows:
-        table.add_row(str(r["id"]), r["trigger"], r["source"], when(r["received"]),
-                      str(r["replay_of"] or "-"), "pending" if r["pending"] else "evaluated",
-                      _preview(r["payload"]))  # fmt: skip
+        table.add_row(
+            str(r["id"]),
+            r["trigger"],
+            r["source"],
+            when(r["received"]),
+            str(r["replay_of"] or "-"),
+            "pending" if r["pending"] else "evaluated",
+            _preview(r["payload"]),
+        )
     console.print(table)
 
 
@@ -117,8 +122,12 @@ def get(event_id: Annotated[int, typer.Argument(help="Event id")], as_json: bool
     if as_json:
         print_json(event)
         return
-    console.print(line((f"event {event['id']}", "bold"), f"  {event['trigger']}  from {event['source']}"
-                       f"  received {when(event['received'])}"))  # fmt: skip
+    console.print(
+        line(
+            (f"event {event['id']}", "bold"),
+            f"  {event['trigger']}  from {event['source']}  received {when(event['received'])}",
+        )
+    )
     console.print(f"  payload: {json.dumps(event['payload'], ensure_ascii=False)}", highlight=False)
     if event["idempotency_key"]:
         console.print(f"  idempotency key: {event['idempotency_key']}", highlight=False)
@@ -137,9 +146,15 @@ def show_enforcements(rows: list[dict[str, Any]], title: str | None = None) -> N
         return
     table = Table("id", "rule", "event", "outcome", "execution", "error", "created", title=title)
     for r in rows:
-        table.add_row(str(r["id"]), r["rule_ref"], str(r["event"] or "-"),
-                      styled(r["outcome"], _OUTCOME_STYLE.get(r["outcome"], "white")),
-                      str(r["execution"] or "-"), r["error"] or "", when(r["created"]))  # fmt: skip
+        table.add_row(
+            str(r["id"]),
+            r["rule_ref"],
+            str(r["event"] or "-"),
+            styled(r["outcome"], _OUTCOME_STYLE.get(r["outcome"], "white")),
+            str(r["execution"] or "-"),
+            r["error"] or "",
+            when(r["created"]),
+        )
     console.print(table)
 
 
@@ -174,8 +189,10 @@ def replay(
     if as_json:
         print_json([{"original": o, "replay": r} for o, r in pairs])
     else:
-        console.print(f"{len(pairs)} event(s) of {trigger} replayed"
-                      + "".join(f"\n  {o} -> {r}" for o, r in pairs), highlight=False)  # fmt: skip
+        console.print(
+            f"{len(pairs)} event(s) of {trigger} replayed" + "".join(f"\n  {o} -> {r}" for o, r in pairs),
+            highlight=False,
+        )
 
 
 @enforcements.command("list")
@@ -191,8 +208,9 @@ def list_enforcements(
     """Newest enforcements first."""
     with state.client() as client:
         start = parse_time(client, "--since", since) if since is not None else None
-        rows = client.enforcements(rule=rule, event=event, outcome=outcome.value if outcome else None,
-                                   since=start, limit=limit, before=before)  # fmt: skip
+        rows = client.enforcements(
+            rule=rule, event=event, outcome=outcome.value if outcome else None, since=start, limit=limit, before=before
+        )
     if as_json:
         print_json(rows)
     else:
@@ -209,9 +227,13 @@ def get_enforcement(
     if as_json:
         print_json(row)
         return
-    console.print(line((f"enforcement {row['id']}", "bold"), f"  rule {row['rule_ref']}  event {row['event']}"
-                       f" ({row['trigger'] or '-'})  ",
-                       styled(row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "white"))))  # fmt: skip
+    console.print(
+        line(
+            (f"enforcement {row['id']}", "bold"),
+            f"  rule {row['rule_ref']}  event {row['event']} ({row['trigger'] or '-'})  ",
+            styled(row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "white")),
+        )
+    )
     if row["execution"]:
         console.print(f"  execution: {row['execution']}", highlight=False)
     if row["parameters"] is not None:

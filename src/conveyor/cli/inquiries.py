@@ -46,9 +46,15 @@ def list_(
         return
     table = Table("id", "execution", "status", "prompt", "assignees", "answers", "deadline")
     for r in rows:
-        table.add_row(str(r["id"]), str(r["execution"]), styled(r["status"], _STYLE.get(r["status"], "white")),
-                      r["prompt"], ", ".join(r["assignees"]) or "(operators)",
-                      f"{len(r['responders'])}/{r['quorum']}", when(r["deadline"]))  # fmt: skip
+        table.add_row(
+            str(r["id"]),
+            str(r["execution"]),
+            styled(r["status"], _STYLE.get(r["status"], "white")),
+            r["prompt"],
+            ", ".join(r["assignees"]) or "(operators)",
+            f"{len(r['responders'])}/{r['quorum']}",
+            when(r["deadline"]),
+        )
     console.print(table)
 
 
@@ -67,9 +73,11 @@ def get(inquiry_id: Annotated[int, typer.Argument(help="Inquiry id")], as_json: 
     assignees = ", ".join(inquiry["assignees"]) or "(any operator)"
     forbid = "  (the requester may not answer)" if inquiry["forbid_requester"] else ""
     console.print(f"  assignees: {assignees}  quorum: {inquiry['quorum']}{forbid}", highlight=False)
-    console.print(f"  requested by: {inquiry['requester'] or '-'}  created {when(inquiry['created'])}"
-                  f"  deadline {when(inquiry['deadline'])}  on timeout: {json.dumps(inquiry['on_timeout'])}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"  requested by: {inquiry['requester'] or '-'}  created {when(inquiry['created'])}"
+        f"  deadline {when(inquiry['deadline'])}  on timeout: {json.dumps(inquiry['on_timeout'])}",
+        highlight=False,
+    )
     if inquiry["response"] is not None:
         console.print(f"  response: {json.dumps(inquiry['response'])}", highlight=False)
     if inquiry["responses"]:
@@ -98,8 +106,10 @@ def respond(
     elif outcome["outcome"] == "answered":
         console.print(f"inquiry {inquiry_id} answered; execution {outcome['execution']} completed", highlight=False)
     else:
-        console.print(f"inquiry {inquiry_id}: answer recorded ({len(outcome['responders'])} so far; "
-                      "more responders are needed)", highlight=False)  # fmt: skip
+        console.print(
+            f"inquiry {inquiry_id}: answer recorded ({len(outcome['responders'])} so far; more responders are needed)",
+            highlight=False,
+        )
 
 
 def _answer(raw: str) -> Any:

@@ -57,7 +57,13 @@ def tail(
 
 def _json_line(chunk: OutputChunk) -> None:
     data, encoding = output_text(chunk.data)
-    doc = {"id": chunk.id, "attempt": chunk.attempt, "stream": chunk.stream, "encoding": encoding, "data": data,
-           "created": chunk.created.isoformat()}  # fmt: skip
+    doc = {
+        "id": chunk.id,
+        "attempt": chunk.attempt,
+        "stream": chunk.stream,
+        "encoding": encoding,
+        "data": data,
+        "created": chunk.created.isoformat(),
+    }
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

@@ -67,8 +67,14 @@ def list_(
         return
     table = Table("ref", "trigger", "action", "enabled", "enforcements", "updated")
     for r in rows:
-        table.add_row(r["ref"], r["trigger"], r["action_ref"], "yes" if r["enabled"] else "no",
-                      str(r["enforcements"]), when(r["updated"]))  # fmt: skip
+        table.add_row(
+            r["ref"],
+            r["trigger"],
+            r["action_ref"],
+            "yes" if r["enabled"] else "no",
+            str(r["enforcements"]),
+            when(r["updated"]),
+        )
     console.print(table)
 
 
@@ -92,8 +98,14 @@ def get(
     console.print(f"  action: {rule['action_ref']} {json.dumps(rule['parameters'])}", highlight=False)
     table = Table("enforcement", "event", "outcome", "execution", "created", "error")
     for f in rule["enforcements"]:
-        table.add_row(str(f["id"]), str(f["event"] or ""), f["outcome"], str(f["execution"] or ""),
-                      when(f["created"]), (f["error"] or "")[:200])  # fmt: skip
+        table.add_row(
+            str(f["id"]),
+            str(f["event"] or ""),
+            f["outcome"],
+            str(f["execution"] or ""),
+            when(f["created"]),
+            (f["error"] or "")[:200],
+        )
     console.print(table)
 
 

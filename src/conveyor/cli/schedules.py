@@ -20,8 +20,14 @@ from conveyor.domain.errors import ConveyorError
 
 app = typer.Typer(help="Cron, interval and one-time schedules: each slot fires exactly once.", no_args_is_help=True)
 
-_STYLE = {"requested": "green", "emitted": "green", "skipped": "yellow", "missed": "red", "buffered": "cyan",
-          "request_error": "red"}  # fmt: skip
+_STYLE = {
+    "requested": "green",
+    "emitted": "green",
+    "skipped": "yellow",
+    "missed": "red",
+    "buffered": "cyan",
+    "request_error": "red",
+}
 Name = Annotated[str, typer.Argument(help="Schedule name")]
 
 
@@ -65,10 +71,22 @@ def create(
             params = parse_parameters(parameters or [], client.action(action)["parameters_schema"])
         elif parameters:
             raise ConveyorError("parameters need an ACTION")
-        made = client.create_schedule(name, replace=replace, cron=cron, every=interval, at=at, timezone=timezone,
-                                      action=action, parameters=params, catchup=catchup.value,
-                                      catchup_window=catchup_window, overlap=overlap.value, starts=starts, ends=ends,
-                                      description=description)  # fmt: skip
+        made = client.create_schedule(
+            name,
+            replace=replace,
+            cron=cron,
+            every=interval,
+            at=at,
+            timezone=timezone,
+            action=action,
+            parameters=params,
+            catchup=catchup.value,
+            catchup_window=catchup_window,
+            overlap=overlap.value,
+            starts=starts,
+            ends=ends,
+            description=description,
+        )
     if as_json:
         print_json(made)
         return
@@ -99,8 +117,14 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("name", "when", "does", "catch-up", "overlap", "next fire")
     for s in rows:
-        table.add_row(s["name"], _spec(s), s["action_ref"] or f"event on {s['trigger']}",
-                      f"{s['catchup']} {s['catchup_window']:g}s", s["overlap"], _next(s))  # fmt: skip
+        table.add_row(
+            s["name"],
+            _spec(s),
+            s["action_ref"] or f"event on {s['trigger']}",
+            f"{s['catchup']} {s['catchup_window']:g}s",
+            s["overlap"],
+            _next(s),
+        )
     console.print(table)
 
 
@@ -121,14 +145,19 @@ def get(
     console.print(line((f"schedule {s['name']}", "bold"), "  ", state_, f"  {_spec(s)}"))
     does = f"{s['action_ref']} {s['parameters']}" if s["action_ref"] else f"emits events on trigger {s['trigger']}"
     console.print(f"  {does}", highlight=False)
-    console.print(f"  catch-up {s['catchup']} within {s['catchup_window']:g}s, overlap {s['overlap']}",
-                  highlight=False)  # fmt: skip
+    console.print(f"  catch-up {s['catchup']} within {s['catchup_window']:g}s, overlap {s['overlap']}", highlight=False)
     console.print("  next: " + (", ".join(when(t) for t in s["next_fire_times"]) or "(none left)"), highlight=False)
     table = Table("slot", "origin", "outcome", "execution", "status", "lag", title="recent slots")
     for r in s["slots"]:
         target = str(r["execution"] or (f"event {r['event']}" if r["event"] else r["error"] or "-"))
-        table.add_row(when(r["slot"]), r["origin"], styled(r["outcome"], _STYLE.get(r["outcome"], "white")), target,
-                      r["execution_status"] or "-", f"{r['lag'] * 1000:.0f} ms")  # fmt: skip
+        table.add_row(
+            when(r["slot"]),
+            r["origin"],
+            styled(r["outcome"], _STYLE.get(r["outcome"], "white")),
+            target,
+            r["execution_status"] or "-",
+            f"{r['lag'] * 1000:.0f} ms",
+        )
     console.print(table)
 
 

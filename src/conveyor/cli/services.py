@@ -55,9 +55,17 @@ def _run(
             print(started.admin_token, flush=True)  # alone on its line on stdout, for scripts
 
     asyncio.run(
-        serve(settings, url, run_executor=executor, run_worker=worker, run_api=api, bootstrap_token=banner and api,
-              imports=imports, on_ready=ready)
-    )  # fmt: skip
+        serve(
+            settings,
+            url,
+            run_executor=executor,
+            run_worker=worker,
+            run_api=api,
+            bootstrap_token=banner and api,
+            imports=imports,
+            on_ready=ready,
+        )
+    )
 
 
 def up(imports: Imports = None) -> None:

@@ -48,8 +48,15 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("id", "name", "role", "starts with", "created", "last used", "revoked")
     for r in rows:
-        table.add_row(str(r["id"]), r["name"], r["role"], r["prefix"] + "…", when(r["created"]),
-                      when(r["last_used"]), when(r["revoked"]))  # fmt: skip
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            r["role"],
+            r["prefix"] + "…",
+            when(r["created"]),
+            when(r["last_used"]),
+            when(r["revoked"]),
+        )
     console.print(table)
 
 

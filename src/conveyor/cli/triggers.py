@@ -64,8 +64,14 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("name", "type", "rules", "last event", "schema", "description")
     for r in rows:
-        table.add_row(r["name"], r["type"], str(r["rules"]), when(r["last_event"]),
-                      "yes" if r["payload_schema"] is not None else "-", r["description"] or "")  # fmt: skip
+        table.add_row(
+            r["name"],
+            r["type"],
+            str(r["rules"]),
+            when(r["last_event"]),
+            "yes" if r["payload_schema"] is not None else "-",
+            r["description"] or "",
+        )
     console.print(table)
 
 
@@ -81,9 +87,11 @@ def get(name: Annotated[str, typer.Argument(help="Trigger name")], as_json: bool
     console.print(f"  description: {trigger['description'] or '-'}", highlight=False)
     schema = json.dumps(trigger["payload_schema"]) if trigger["payload_schema"] is not None else "(any JSON)"
     console.print(f"  payload schema: {schema}", highlight=False)
-    console.print(f"  rules: {trigger['rules']}  last event: {when(trigger['last_event'])}"
-                  f"  created {when(trigger['created'])}  updated {when(trigger['updated'])}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"  rules: {trigger['rules']}  last event: {when(trigger['last_event'])}"
+        f"  created {when(trigger['created'])}  updated {when(trigger['updated'])}",
+        highlight=False,
+    )
 
 
 @app.command()

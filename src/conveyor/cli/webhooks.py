@@ -77,11 +77,17 @@ def create(
     On update, --hmac-secret-*/--bearer-token-env may be left out to keep the stored one
     (give the same kind of auth: e.g. --no-auth replaces any secret). --json: the webhook as
     `get --json` shows it, with "created_now" and, when generated, its "secret"."""
-    chosen = [hmac_secret_env is not None, hmac_secret_file is not None, generate_secret,
-              bearer_token_env is not None, no_auth]  # fmt: skip
+    chosen = [
+        hmac_secret_env is not None,
+        hmac_secret_file is not None,
+        generate_secret,
+        bearer_token_env is not None,
+        no_auth,
+    ]
     if sum(chosen) > 1:
-        raise ConveyorError("choose one of --hmac-secret-env, --hmac-secret-file, --generate-secret, "
-                            "--bearer-token-env and --no-auth")  # fmt: skip
+        raise ConveyorError(
+            "choose one of --hmac-secret-env, --hmac-secret-file, --generate-secret, --bearer-token-env and --no-auth"
+        )
     secret = token = None
     if hmac_secret_env is not None:
         secret = _from_env(hmac_secret_env)
@@ -133,8 +139,9 @@ def list_(as_json: bool = JsonOption) -> None:
         return
     table = Table("name", "trigger", "auth", "enabled", "events", "last event")
     for r in rows:
-        table.add_row(r["name"], r["trigger"], _show(r), "yes" if r["enabled"] else "no", str(r["events"]),
-                      when(r["last_event"]))  # fmt: skip
+        table.add_row(
+            r["name"], r["trigger"], _show(r), "yes" if r["enabled"] else "no", str(r["events"]), when(r["last_event"])
+        )
     console.print(table)
 
 
@@ -146,14 +153,19 @@ def get(name: Name, as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(row)
         return
-    for label, value in [("name", row["name"]), ("door", f"POST /api/v1/webhooks/{row['name']}"),
-                         ("trigger", row["trigger"]), ("auth", _show(row)),
-                         ("idempotency header", row["idempotency_header"]),
-                         ("max body", f"{row['max_body_bytes']} bytes"),
-                         ("enabled", "yes" if row["enabled"] else "no"),
-                         ("payload schema", json.dumps(row["payload_schema"]) if row["payload_schema"] else "-"),
-                         ("events", str(row["events"])), ("last event", when(row["last_event"])),
-                         ("description", row["description"] or "-")]:  # fmt: skip
+    for label, value in [
+        ("name", row["name"]),
+        ("door", f"POST /api/v1/webhooks/{row['name']}"),
+        ("trigger", row["trigger"]),
+        ("auth", _show(row)),
+        ("idempotency header", row["idempotency_header"]),
+        ("max body", f"{row['max_body_bytes']} bytes"),
+        ("enabled", "yes" if row["enabled"] else "no"),
+        ("payload schema", json.dumps(row["payload_schema"]) if row["payload_schema"] else "-"),
+        ("events", str(row["events"])),
+        ("last event", when(row["last_event"])),
+        ("description", row["description"] or "-"),
+    ]:
         console.print(f"{label + ':':20} {value}", highlight=False)
 
 

@@ -183,8 +183,9 @@ def show_tree(tree: dict[str, Any], items: int) -> None:
         console.print(f"  error: {json.dumps(error, ensure_ascii=False)}", highlight=False)
     if tree["output"] is not None:
         console.print(f"  output: {json.dumps(tree['output'], ensure_ascii=False)[:500]}", highlight=False)
-    table = Table("task", "iter", "item", "status", "retries", "child", "child status", "attempt", "result",
-                  title="tasks")  # fmt: skip
+    table = Table(
+        "task", "iter", "item", "status", "retries", "child", "child status", "attempt", "result", title="tasks"
+    )
     for t in tree["tasks"]:
         children = t["children"]
         if t["items_total"] is None and len(children) <= 1:  # one child (or none): one row
@@ -196,9 +197,17 @@ def show_tree(tree: dict[str, Any], items: int) -> None:
             continue
         counts = ", ".join(f"{k} {v}" for k, v in sorted(t["counts"].items()))
         total = t["items_total"] if t["items_total"] is not None else t["children_total"]
-        table.add_row(t["task"], str(t["iteration"]), f"{total} items",
-                      styled(t["status"], _TASK_STYLE.get(t["status"], "white")), "", "", "", "",
-                      t["error"] or counts)  # fmt: skip
+        table.add_row(
+            t["task"],
+            str(t["iteration"]),
+            f"{total} items",
+            styled(t["status"], _TASK_STYLE.get(t["status"], "white")),
+            "",
+            "",
+            "",
+            "",
+            t["error"] or counts,
+        )
         for c in children:
             table.add_row("", "", f"[{c['index']}]" if c["index"] is not None else "-", *_child_cells(c))
         hidden = t["children_total"] - len(children)

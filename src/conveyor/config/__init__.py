@@ -371,8 +371,9 @@ def load_settings(config_file: str | Path | None = None) -> LoadedSettings:
             f"invalid configuration: {exc}{cause}; list and mapping values set in the environment "
             "must be JSON, e.g. CONVEYOR__WORKER__RUNTIMES='[\"python\"]'"
         ) from None
-    return LoadedSettings(settings=settings, sources=_sources(settings, path, file_data, file_aliases, checker),
-                          config_file=path)  # fmt: skip
+    return LoadedSettings(
+        settings=settings, sources=_sources(settings, path, file_data, file_aliases, checker), config_file=path
+    )
 
 
 def _problems(exc: ValidationError) -> str:

@@ -60,9 +60,15 @@ MAX_SLOTS_PER_PASS = 1000
 MAX_BACKFILL = 10_000
 MIN_EVERY = timedelta(seconds=1)
 _MICRO = timedelta(microseconds=1)
-_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
-            "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
-            "@hourly": "0 * * * *"}  # fmt: skip
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 _FIELD = re.compile(r"^[0-9A-Za-z*/,?#L-]+$")
 
 
@@ -79,8 +85,9 @@ def parse_cron(expr: str) -> str:
     text = _ALIASES.get(text.lower(), text)
     fields = text.split(" ")
     if len(fields) not in (5, 6) or not all(_FIELD.match(f) for f in fields):
-        raise InvalidScheduleError(f"invalid cron expression {expr!r}: give 5 fields (minute hour day month weekday) "
-                                   "or 6 with seconds first")  # fmt: skip
+        raise InvalidScheduleError(
+            f"invalid cron expression {expr!r}: give 5 fields (minute hour day month weekday) or 6 with seconds first"
+        )
     try:
         croniter(text, datetime(2000, 1, 1), second_at_beginning=len(fields) == 6).get_next(datetime)
     except (CroniterError, ValueError, KeyError, TypeError) as exc:
@@ -173,8 +180,9 @@ class Spec:
         if self.catchup not in CATCHUP:
             raise InvalidScheduleError(f"unknown catch-up policy {self.catchup!r}: skip, latest or all")
         if self.overlap not in OVERLAP:
-            raise InvalidScheduleError(f"unknown overlap policy {self.overlap!r}: allow, skip, buffer_one or "
-                                       "cancel_previous")  # fmt: skip
+            raise InvalidScheduleError(
+                f"unknown overlap policy {self.overlap!r}: allow, skip, buffer_one or cancel_previous"
+            )
         if self.catchup_window < timedelta(0):
             raise InvalidScheduleError("the catch-up window cannot be negative")
         if self.starts is not None and self.ends is not None and self.ends < self.starts:
@@ -182,10 +190,19 @@ class Spec:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Spec:
-        return cls(kind=row["kind"], cron=row["cron"], timezone=row["timezone"], every=row["every"], at=row["at"],
-                   starts=row["starts"], ends=row["ends"], catchup=row["catchup"],
-                   catchup_window=row["catchup_window"], overlap=row["overlap"],
-                   created=row.get("created"))  # fmt: skip
+        return cls(
+            kind=row["kind"],
+            cron=row["cron"],
+            timezone=row["timezone"],
+            every=row["every"],
+            at=row["at"],
+            starts=row["starts"],
+            ends=row["ends"],
+            catchup=row["catchup"],
+            catchup_window=row["catchup_window"],
+            overlap=row["overlap"],
+            created=row.get("created"),
+        )
 
     @property
     def zone(self) -> ZoneInfo:

@@ -158,8 +158,10 @@ def storable_problems(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)
             if isinstance(key, str):
-                key_problems = [(f"{path} key {key[:40]!r}" if path else f"key {key[:40]!r}", message)
-                                for _, message in storable_problems(key)]  # fmt: skip
+                key_problems = [
+                    (f"{path} key {key[:40]!r}" if path else f"key {key[:40]!r}", message)
+                    for _, message in storable_problems(key)
+                ]
                 if key_problems:
                     yield from key_problems
                     continue

@@ -30,6 +30,7 @@ from conveyor.domain.ids import MAX_ID
 from conveyor.domain.outcome import AttemptEnd, after_missed_dispatch
 from conveyor.domain.status import ExecutionStatus
 from conveyor.ops.metrics import DEAD_LETTER_HANDLER_SECONDS, DEAD_LETTER_RECORDS, DEAD_LETTERS, DLQ_DEPTH
+from conveyor.store import transitions
 from conveyor.store.db import SESSION_ENDED, AsyncConn, Pool, Row
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
@@ -59,8 +60,12 @@ class DeadLetterHandler:
         started = time.monotonic()
         row = self._params(dead_letter)
         if row["execution"] is not None:  # the seeds' line; "dead letter handled" says how it ended
-            log.warning(f"Received dead letter for execution {row['execution']}", execution_id=row["execution"],
-                        reason=dead_letter.reason, queue=dead_letter.queue)  # fmt: skip
+            log.warning(
+                f"Received dead letter for execution {row['execution']}",
+                execution_id=row["execution"],
+                reason=dead_letter.reason,
+                queue=dead_letter.queue,
+            )
         async with self._pool.connection() as conn, conn.transaction():
             record = await (await conn.execute(Q["record_dead_letter"], row)).fetchone()
             assert record is not None
@@ -71,9 +76,17 @@ class DeadLetterHandler:
             await conn.execute(Q["resolve_dead_letter"], params)
         DEAD_LETTER_HANDLER_SECONDS.observe(time.monotonic() - started)
         DEAD_LETTERS.labels(dead_letter.reason, resolution).inc()
-        log.warning("dead letter handled", reason=dead_letter.reason, queue=dead_letter.queue,
-                    message_id=dead_letter.message_id, resolution=resolution, detail=detail,
-                    execution_id=row["execution"], attempt=row["attempt"], worker_id=row["worker"])  # fmt: skip
+        log.warning(
+            "dead letter handled",
+            reason=dead_letter.reason,
+            queue=dead_letter.queue,
+            message_id=dead_letter.message_id,
+            resolution=resolution,
+            detail=detail,
+            execution_id=row["execution"],
+            attempt=row["attempt"],
+            worker_id=row["worker"],
+        )
         return resolution
 
     async def record_unresolved(self, dead_letter: m.DeadLetter) -> None:
@@ -90,15 +103,26 @@ class DeadLetterHandler:
             ids = inner.get("execution_ids")
             execution = inner.get("execution_id") or (ids[0] if isinstance(ids, list) and len(ids) == 1 else None)
             attempt, worker = inner.get("attempt"), inner.get("worker_id")
-        as_int = [v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_ID else None
-                  for v in (execution, attempt, worker)]  # fmt: skip
+        as_int = [
+            v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_ID else None
+            for v in (execution, attempt, worker)
+        ]
         return {
-            "dedupe_key": dl.dedupe_key, "message_id": dl.message_id, "transport": dl.transport,
-            "queue": dl.queue, "exchange": dl.exchange, "routing_key": dl.routing_key, "reason": dl.reason,
-            "message_type": message_type, "payload": Jsonb(payload), "headers": Jsonb(dl.headers),
-            "execution": as_int[0], "attempt": as_int[1] if as_int[1] is None or as_int[1] < 2**31 else None,
-            "worker": as_int[2], "error": dl.error,
-        }  # fmt: skip
+            "dedupe_key": dl.dedupe_key,
+            "message_id": dl.message_id,
+            "transport": dl.transport,
+            "queue": dl.queue,
+            "exchange": dl.exchange,
+            "routing_key": dl.routing_key,
+            "reason": dl.reason,
+            "message_type": message_type,
+            "payload": Jsonb(payload),
+            "headers": Jsonb(dl.headers),
+            "execution": as_int[0],
+            "attempt": as_int[1] if as_int[1] is None or as_int[1] < 2**31 else None,
+            "worker": as_int[2],
+            "error": dl.error,
+        }
 
     async def _resolve(self, conn: AsyncConn, dl: m.DeadLetter) -> tuple[Resolution, str]:
         try:
@@ -114,20 +138,26 @@ class DeadLetterHandler:
         row = await (
             await conn.execute(
                 Q["lock_dispatch"],
-                {"execution": dispatch.execution_id, "attempt": dispatch.attempt, "worker": dispatch.worker_id,
-                 "scheduled": dispatch.scheduled},
+                {
+                    "execution": dispatch.execution_id,
+                    "attempt": dispatch.attempt,
+                    "worker": dispatch.worker_id,
+                    "scheduled": dispatch.scheduled,
+                },
             )
-        ).fetchone()  # fmt: skip
+        ).fetchone()
         if row is None:
             return Resolution.STALE, "the execution moved on since this dispatch; left alone"
         decision = after_missed_dispatch(row["missed"], self._reschedules, dispatch_error(dl.reason))
         decisions = Decisions()
         decisions.add(row, decision)
         params = decisions.params(
-            AttemptEnd.EXPIRED, by="dead_letter_handler", from_statuses=(ExecutionStatus.SCHEDULED,),
+            AttemptEnd.EXPIRED,
+            by="dead_letter_handler",
+            from_statuses=(ExecutionStatus.SCHEDULED,),
             worker=dispatch.worker_id,
-        )  # fmt: skip
-        moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+        )
+        moved = await transitions.resolve_attempts(conn, params)
         if not moved:
             return Resolution.STALE, "the execution moved on while being resolved"
         if decision.again:
@@ -155,16 +185,25 @@ class DeadLetterHandler:
                 raise
             except Exception as exc:  # the same bound as a broker's poison message
                 failures = self._failures[dead_letter.dedupe_key] = self._failures.get(dead_letter.dedupe_key, 0) + 1
-                log.exception("expired dispatch could not be handled", execution_id=row["id"], attempt=row["attempt"],
-                              worker_id=row["worker"], failures=failures)  # fmt: skip
+                log.exception(
+                    "expired dispatch could not be handled",
+                    execution_id=row["id"],
+                    attempt=row["attempt"],
+                    worker_id=row["worker"],
+                    failures=failures,
+                )
                 if failures >= self._settings.dead_letter.max_deliveries:
                     await self.record_unresolved(dead_letter.as_poison(f"{type(exc).__name__}: {exc}"))
         return handled
 
     def _expired(self, row: Row) -> m.DeadLetter:
         scheduled: datetime = row["scheduled"]
-        payload = {"execution_id": row["id"], "attempt": row["attempt"], "worker_id": row["worker"],
-                   "scheduled": scheduled.isoformat()}  # fmt: skip
+        payload = {
+            "execution_id": row["id"],
+            "attempt": row["attempt"],
+            "worker_id": row["worker"],
+            "scheduled": scheduled.isoformat(),
+        }
         message_id = f"pg:{row['id']}:{row['attempt']}:{scheduled.timestamp():.6f}"
         return m.DeadLetter(
             dedupe_key=message_id,

@@ -71,8 +71,7 @@ class Enforcer:
             ids = self._last_ids
             if not ids:
                 raise
-            log.warning("a batch of rule enforcements failed; enforcing its events one by one",
-                        error=repr(batch_error))  # fmt: skip
+            log.warning("a batch of rule enforcements failed; enforcing its events one by one", error=repr(batch_error))
         results = []
         for event_id in ids:
             try:
@@ -80,8 +79,11 @@ class Enforcer:
             except SESSION_ENDED:
                 raise
             except psycopg.Error as exc:
-                log.error("enforcing an event failed; recording its requests as request_error", event_id=event_id,
-                          error=repr(exc))  # fmt: skip
+                log.error(
+                    "enforcing an event failed; recording its requests as request_error",
+                    event_id=event_id,
+                    error=repr(exc),
+                )
                 results.append(await self._pass([event_id], degrade=True, reason=str(exc)))
         outcomes: Counter[str] = Counter()
         for r in results:
@@ -91,8 +93,11 @@ class Enforcer:
     async def _pass(self, ids: list[int] | None, *, degrade: bool, reason: str = "") -> PassResult:
         self._last_ids = []
         async with self._pool.connection() as conn, conn.transaction():
-            query, params = (Q["pick_pending_events"], {"limit": self._batch_size}) if ids is None else (
-                Q["lock_pending_events"], {"ids": ids})  # fmt: skip
+            query, params = (
+                (Q["pick_pending_events"], {"limit": self._batch_size})
+                if ids is None
+                else (Q["lock_pending_events"], {"ids": ids})
+            )
             rows = await (await conn.execute(query, params)).fetchall()
             if not rows:
                 return PassResult(0, {})
@@ -119,13 +124,23 @@ class Enforcer:
         metrics.EVENTS_PROCESSED.labels("unmatched").inc(sum(1 for e in taken if e not in matched))
         for r in written:
             if r["outcome"] in ("template_error", "request_error"):
-                log.warning("rule enforcement failed", rule=r["rule_ref"], event_id=r["event"], outcome=r["outcome"],
-                            error=r["error"])  # fmt: skip
+                log.warning(
+                    "rule enforcement failed",
+                    rule=r["rule_ref"],
+                    event_id=r["event"],
+                    outcome=r["outcome"],
+                    error=r["error"],
+                )
         return PassResult(len(taken), dict(outcomes))
 
     def _decide(self, row: Row) -> list[Decision]:
-        event = EventRow(id=row["id"], trigger=row["trigger"], payload=row["payload"], source=row["source"],
-                         received=row["received"].isoformat())  # fmt: skip
+        event = EventRow(
+            id=row["id"],
+            trigger=row["trigger"],
+            payload=row["payload"],
+            source=row["source"],
+            received=row["received"].isoformat(),
+        )
         decisions = []
         for r in row["rules"]:
             rule = RuleRow(r["id"], r["ref"], r["criteria"], r["action_ref"], r["parameters"], r["enabled"])

@@ -64,8 +64,10 @@ class ExecutorLiveness:
             timeout = f"{max(1, round(self._frozen_after * 1000))}ms"
             await conn.execute("SELECT set_config('idle_session_timeout', %s, false)", (timeout,))
         except psycopg.errors.UndefinedObject:  # PostgreSQL before 14: a kill is still seen at once
-            log.warning("idle_session_timeout unknown to this server: a frozen executor's claims wait for "
-                        "executor.claim_timeout")  # fmt: skip
+            log.warning(
+                "idle_session_timeout unknown to this server: a frozen executor's claims wait for "
+                "executor.claim_timeout"
+            )
         except BaseException:
             await conn.close()
             raise

@@ -27,6 +27,7 @@ from conveyor.domain.policy import WorkerLostPolicy
 from conveyor.domain.status import ExecutionStatus, InactiveReason
 from conveyor.ops import failpoints
 from conveyor.ops.metrics import EXECUTION_TIMEOUTS, RECOVERIES, WORKER_DOWNTIME
+from conveyor.store import transitions
 from conveyor.store.db import Pool, Row
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
@@ -64,7 +65,7 @@ class Recovery:
             failpoints.reach("recovery.after_sweep_lock")  # the other replicas' sweeps skip theirs now
             await conn.execute(Q["note_lost_locks"])
             dead = await (await conn.execute(Q["deactivate_dead_workers"])).fetchall()
-            back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": None})).fetchall()
+            back = await transitions.hand_back_scheduled(conn, None)
             lost = await (await conn.execute(Q["lost_running"])).fetchall()
             decisions = Decisions()
             for row in lost:
@@ -73,7 +74,7 @@ class Recovery:
             moved = []
             if decisions.ids:
                 params = decisions.params(AttemptEnd.WORKER_LOST, by="recovery", from_statuses=(S.RUNNING, S.CANCELING))
-                moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+                moved = await transitions.resolve_attempts(conn, params)
         requeued = [m["id"] for m in moved if m["status"] == S.REQUESTED]
         ended = [m["id"] for m in moved if m["status"] != S.REQUESTED]
         _count_sweep(dead, back, moved)
@@ -83,28 +84,43 @@ class Recovery:
             if w["reason"] == InactiveReason.PROCESS_GONE:
                 reason = f"liveness lock released: process gone, no session left (last heartbeat {age:.1f}s ago)"
             elif w["reason"] == InactiveReason.LOCK_LOST:
-                reason = (f"liveness lock released: process gone, lock not re-taken within its lock_grace "
-                          f"(last heartbeat {age:.1f}s ago)")  # fmt: skip
+                reason = (
+                    f"liveness lock released: process gone, lock not re-taken within its lock_grace "
+                    f"(last heartbeat {age:.1f}s ago)"
+                )
             else:
                 reason = f"heartbeat is stale ({age:.0f}s old)" if age is not None else "never sent a heartbeat"
             log.warning(
                 f"Worker {w['name']} (ID: {w['id']}) {reason}, marking as inactive",
-                worker=w["name"], worker_id=w["id"], heartbeat_age=round(age, 3) if age is not None else None,
+                worker=w["name"],
+                worker_id=w["id"],
+                heartbeat_age=round(age, 3) if age is not None else None,
                 inactive_reason=w["reason"],
-            )  # fmt: skip
+            )
         stale = sum(1 for w in dead if not w["lock_lost"])  # the seeds' summary line counts these
         if stale:
             log.info(f"Deactivated {stale} worker(s) with stale heartbeats", count=stale)
         if len(dead) > stale:
             log.info(f"Deactivated {len(dead) - stale} worker(s) whose process is gone", count=len(dead) - stale)
         for b in back:
-            log.info("handed back scheduled execution of a lost worker", execution_id=b["id"], attempt=b["attempt"],
-                     worker=b["worker_name"], worker_id=b["worker"])  # fmt: skip
+            log.info(
+                "handed back scheduled execution of a lost worker",
+                execution_id=b["id"],
+                attempt=b["attempt"],
+                worker=b["worker_name"],
+                worker_id=b["worker"],
+            )
         by_id = {row["id"]: row for row in lost}
         for m in moved:
             held = by_id[m["id"]]
-            log.warning("recovered execution from a lost worker", execution_id=m["id"], attempt=held["attempt"],
-                        worker=held["worker_name"], worker_id=held["worker"], status=m["status"])  # fmt: skip
+            log.warning(
+                "recovered execution from a lost worker",
+                execution_id=m["id"],
+                attempt=held["attempt"],
+                worker=held["worker_name"],
+                worker_id=held["worker"],
+                status=m["status"],
+            )
         return {"dead": len(dead), "handed_back": len(back), "requeued": len(requeued), "ended": len(ended)}
 
     async def watch(self) -> dict[str, int]:
@@ -145,16 +161,21 @@ class Recovery:
             params = decisions.params(
                 AttemptEnd.NOT_PICKED_UP, by="execution_timeout_monitor", from_statuses=(S.SCHEDULED,)
             )
-            moved = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+            moved = await transitions.resolve_attempts(conn, params)
         failed = [m["id"] for m in moved if m["status"] == S.FAILED]
         EXECUTION_TIMEOUTS.labels("scheduled").inc(len(moved))
         by_id = {row["id"]: row for row in overdue}
         for m in moved:
             was = by_id[m["id"]]
             then = "marking as failed" if m["status"] == "failed" else "moving it to another worker"
-            log.warning(f"Execution {m['id']} has been scheduled for too long, {then}", execution_id=m["id"],
-                        attempt=was["attempt"], worker=was["worker_name"], worker_id=was["worker"],
-                        status=m["status"])  # fmt: skip
+            log.warning(
+                f"Execution {m['id']} has been scheduled for too long, {then}",
+                execution_id=m["id"],
+                attempt=was["attempt"],
+                worker=was["worker_name"],
+                worker_id=was["worker"],
+                status=m["status"],
+            )
         return {"rescheduled": len(moved) - len(failed), "failed": len(failed)}
 
 

@@ -123,8 +123,9 @@ class Scheduler:
             ids = [r["id"] for r in await picked.fetchall()]
             self._full = len(rows) >= self._batch_size or len(ids) >= self._batch_size
             if ids:
-                rows += await _fetch(conn, ClaimedExecution, Q["claim_executor_run"],
-                                     {"ids": ids, "executor": self._executor_id})  # fmt: skip
+                rows += await _fetch(
+                    conn, ClaimedExecution, Q["claim_executor_run"], {"ids": ids, "executor": self._executor_id}
+                )
             # The unplaceable query scans the whole backlog: run it only every so often.
             if time.monotonic() >= self._next_unplaceable_check:
                 self._next_unplaceable_check = time.monotonic() + self._unplaceable_check_interval
@@ -168,8 +169,11 @@ class Scheduler:
                 released = await conn.execute(Q["release_claims"], {"ids": release, "executor": self._executor_id})
             started = None
             if workflows:
-                start: dict[str, Any] = {"ids": workflows, "executor": self._executor_id,
-                                         "max_depth": self._workflow_max_depth}  # fmt: skip
+                start: dict[str, Any] = {
+                    "ids": workflows,
+                    "executor": self._executor_id,
+                    "max_depth": self._workflow_max_depth,
+                }
                 started = await conn.execute(Q["start_workflows"], start)
         ran, broke = await _started(started)
         return await _count(assigned) + ran, await _count(failed) + broke, await _count(released), await _count(asked)
@@ -203,8 +207,12 @@ class Scheduler:
         async with self._pool.connection() as conn, conn.transaction():
             rows = await (await conn.execute(Q["reclaim_stale_claims"], {"older_than": older_than})).fetchall()
         for row in rows:
-            log.warning("reclaimed a stale scheduling claim", execution_id=row["id"], attempt=row["attempt"],
-                        executor=row["executor"])  # fmt: skip
+            log.warning(
+                "reclaimed a stale scheduling claim",
+                execution_id=row["id"],
+                attempt=row["attempt"],
+                executor=row["executor"],
+            )
         return len(rows)
 
     async def release_gone_claims(self) -> int:
@@ -213,8 +221,12 @@ class Scheduler:
         async with self._pool.connection() as conn, conn.transaction():
             rows = await (await conn.execute(Q["release_gone_executor_claims"])).fetchall()
         for row in rows:
-            log.warning("released a claim of an executor that is gone", execution_id=row["id"],
-                        attempt=row["attempt"], executor=row["executor"])  # fmt: skip
+            log.warning(
+                "released a claim of an executor that is gone",
+                execution_id=row["id"],
+                attempt=row["attempt"],
+                executor=row["executor"],
+            )
         return len(rows)
 
     async def repair_admission(self) -> int:

@@ -91,8 +91,13 @@ class Firer:
         self.waiting = len(waiting) - len(released)
         for r in released:
             SCHEDULE_SLOTS.labels(r["outcome"]).inc()
-            log.info("buffered schedule slot fired", schedule=r["name"], slot=r["slot"].isoformat(),
-                     outcome=r["outcome"], execution_id=r["execution"])  # fmt: skip
+            log.info(
+                "buffered schedule slot fired",
+                schedule=r["name"],
+                slot=r["slot"].isoformat(),
+                outcome=r["outcome"],
+                execution_id=r["execution"],
+            )
         return len(released)
 
     async def until_next(self, poll: float) -> float:
@@ -112,11 +117,23 @@ class Firer:
 def _decide(row: Row) -> dict[str, Any]:
     spec = sch.Spec.from_row(row)
     after = sch.first_after(spec, row["last_slot"], row["updated"])
-    plan = sch.plan(spec, after, row["now"], running=row["running"], buffered=bool(row["buffered"]),
-                    emits=row["action_ref"] is None, last_slot=row["last_slot"])  # fmt: skip
+    plan = sch.plan(
+        spec,
+        after,
+        row["now"],
+        running=row["running"],
+        buffered=bool(row["buffered"]),
+        emits=row["action_ref"] is None,
+        last_slot=row["last_slot"],
+    )
     decisions = [{"slot": d.slot.isoformat(), "origin": d.origin, "action": d.action} for d in plan.decisions]
-    return {"id": row["id"], "decisions": decisions, "cancel": plan.cancel, "next_fire": _iso(plan.next_fire),
-            "last_slot": _iso(plan.last_slot)}  # fmt: skip
+    return {
+        "id": row["id"],
+        "decisions": decisions,
+        "cancel": plan.cancel,
+        "next_fire": _iso(plan.next_fire),
+        "last_slot": _iso(plan.last_slot),
+    }
 
 
 def _iso(when: datetime | None) -> str | None:
@@ -131,8 +148,16 @@ def _count(written: list[Row]) -> None:
             continue
         if r["outcome"] in ("requested", "emitted", "request_error"):
             SCHEDULE_LAG.observe(max(0.0, (r["fired"] - r["slot"]).total_seconds()))
-        log.info("schedule slot fired", schedule=r["name"], slot=r["slot"].isoformat(), origin=r["origin"],
-                 outcome=r["outcome"], execution_id=r["execution"], event_id=r["event"], error=r["error"])  # fmt: skip
+        log.info(
+            "schedule slot fired",
+            schedule=r["name"],
+            slot=r["slot"].isoformat(),
+            origin=r["origin"],
+            outcome=r["outcome"],
+            execution_id=r["execution"],
+            event_id=r["event"],
+            error=r["error"],
+        )
 
 
 def plan_due(decided: dict[str, Any], now: datetime) -> bool:

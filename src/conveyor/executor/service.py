@@ -57,8 +57,12 @@ class ExecutorService:
         )
         self._recovery = Recovery(pool, settings)
         self._retention = Retention(pool, settings.retention)
-        self._advancer = Advancer(pool, batch_size=settings.workflow.batch_size, bounds=settings.workflow,
-                                  documents=settings.documents.limits())  # fmt: skip
+        self._advancer = Advancer(
+            pool,
+            batch_size=settings.workflow.batch_size,
+            bounds=settings.workflow,
+            documents=settings.documents.limits(),
+        )
         self._dead_letters = DeadLetterHandler(pool, transport, settings, self.executor_id)
         if settings.dead_letter.enabled:
             transport.handle_dead_letters(self._dead_letters)
@@ -66,8 +70,12 @@ class ExecutorService:
         self._transport_kind = transport.kind
         # Connected at the first duty that takes a lock: retention always does (retention.py),
         # the other shared duties only with executor.exclusive_duties.
-        self._duty_locks = DutyLocks(direct_url, settings.database.schema_name, "conveyor-executor-duties",
-                                     frozen_after=settings.executor_liveness.frozen_after)  # fmt: skip
+        self._duty_locks = DutyLocks(
+            direct_url,
+            settings.database.schema_name,
+            "conveyor-executor-duties",
+            frozen_after=settings.executor_liveness.frozen_after,
+        )
         # Subscribed before the transport starts listening: new requests and freed
         # capacity both mean a round may now place something.
         self._health = DutyHealth(settings.executor.duty_failures_before_unready)
@@ -97,22 +105,32 @@ class ExecutorService:
         sweep, staleness = settings.recovery.sweep_interval, settings.worker.staleness
         log.info("Starting worker heartbeat monitor...")
         # Each worker records its own threshold (stale_after); this is the one of this config.
-        log.info(f"Worker heartbeat monitor started (check interval: {sweep:g}s, staleness threshold: {staleness:g}s)",
-                 check_interval=sweep, staleness_threshold=staleness)  # fmt: skip
+        log.info(
+            f"Worker heartbeat monitor started (check interval: {sweep:g}s, staleness threshold: {staleness:g}s)",
+            check_interval=sweep,
+            staleness_threshold=staleness,
+        )
         cfg = settings.executor
-        log.info(f"Execution timeout monitor started (check interval: {cfg.timeout_check_interval:g}s, "
-                 f"scheduled timeout: {cfg.scheduled_timeout:g}s)")  # fmt: skip
+        log.info(
+            f"Execution timeout monitor started (check interval: {cfg.timeout_check_interval:g}s, "
+            f"scheduled timeout: {cfg.scheduled_timeout:g}s)"
+        )
         dl = settings.dead_letter
         if not dl.enabled:
             log.warning("Dead letter handler disabled (dead_letter.enabled: false): dead letters are not consumed")
         elif self._transport_kind == "rabbitmq":
             dlq = m.Names(settings.message_queue.prefix, settings.dead_letter_exchange).dlq
-            log.info(f"Dead letter handler enabled (exchange: {settings.dead_letter_exchange}, queue: {dlq})",
-                     transport="rabbitmq")  # fmt: skip
+            log.info(
+                f"Dead letter handler enabled (exchange: {settings.dead_letter_exchange}, queue: {dlq})",
+                transport="rabbitmq",
+            )
         else:
             ttl = settings.message_queue.rabbitmq.worker_queue_ttl_ms / 1000
-            log.info(f"Dead letter handler enabled (dispatches older than {ttl:g}s expire; "
-                     f"checked every {dl.check_interval:g}s)", transport="postgres")  # fmt: skip
+            log.info(
+                f"Dead letter handler enabled (dispatches older than {ttl:g}s expire; "
+                f"checked every {dl.check_interval:g}s)",
+                transport="postgres",
+            )
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -120,39 +138,60 @@ class ExecutorService:
             for duty in self._woken_duties():
                 tg.create_task(run_woken(duty, stop, self._health), name=f"executor-{duty.name}")
             # Every replica, no duty lock: a frozen replica holding that lock must not hold this up.
-            tg.create_task(self._every(stop, self.settings.executor_liveness.check_interval,
-                                       self._release_gone_claims, shared=False),
-                           name="executor-gone-claims")  # fmt: skip
-            tg.create_task(self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
-                           name="executor-workflow-timeouts")  # fmt: skip
+            tg.create_task(
+                self._every(
+                    stop, self.settings.executor_liveness.check_interval, self._release_gone_claims, shared=False
+                ),
+                name="executor-gone-claims",
+            )
+            tg.create_task(
+                self._every(stop, self.settings.workflow.poll_interval, self._workflow_timeouts),
+                name="executor-workflow-timeouts",
+            )
             tg.create_task(self._every(stop, self.settings.recovery.sweep_interval, self._sweep), name="executor-sweep")
             # Every replica asks (shared=False): one read-only statement, cheaper than the
             # duty lock's round trips; the sweep it may start takes its own lock.
-            tg.create_task(self._every(stop, self.settings.recovery.watch_interval, self._watch, shared=False),
-                           name="executor-watch")  # fmt: skip
+            tg.create_task(
+                self._every(stop, self.settings.recovery.watch_interval, self._watch, shared=False),
+                name="executor-watch",
+            )
             cfg = self.settings.executor
-            tg.create_task(self._every(stop, cfg.timeout_check_interval, self._recovery.check_scheduled_timeouts),
-                           name="executor-scheduled-timeouts")  # fmt: skip
-            tg.create_task(self._every(stop, min(cfg.claim_timeout / 2, cfg.timeout_check_interval), self._reclaim),
-                           name="executor-reclaim")  # fmt: skip
+            tg.create_task(
+                self._every(stop, cfg.timeout_check_interval, self._recovery.check_scheduled_timeouts),
+                name="executor-scheduled-timeouts",
+            )
+            tg.create_task(
+                self._every(stop, min(cfg.claim_timeout / 2, cfg.timeout_check_interval), self._reclaim),
+                name="executor-reclaim",
+            )
             dl = self.settings.dead_letter
             if dl.enabled and self._transport_kind == "postgres":
-                tg.create_task(self._every(stop, dl.check_interval, self._dead_letters.expire_dispatches),
-                               name="executor-expire-dispatches")  # fmt: skip
+                tg.create_task(
+                    self._every(stop, dl.check_interval, self._dead_letters.expire_dispatches),
+                    name="executor-expire-dispatches",
+                )
             tg.create_task(self._every(stop, dl.check_interval, self._dead_letter_upkeep), name="executor-dead-letters")
-            tg.create_task(self._every(stop, cfg.metrics_interval, self._refresh_gauges, shared=False),
-                           name="executor-gauges")  # fmt: skip
-            tg.create_task(self._every(stop, cfg.admission_repair_interval, self._repair_admission),
-                           name="executor-admission-repair")  # fmt: skip
+            tg.create_task(
+                self._every(stop, cfg.metrics_interval, self._refresh_gauges, shared=False), name="executor-gauges"
+            )
+            tg.create_task(
+                self._every(stop, cfg.admission_repair_interval, self._repair_admission),
+                name="executor-admission-repair",
+            )
             # Often enough that a key outlives its retention by a small fraction of it.
-            tg.create_task(self._every(stop, min(60.0, cfg.idempotency_key_retention / 10), self._purge_keys),
-                           name="executor-idempotency-keys")  # fmt: skip
-            tg.create_task(self._every(stop, cfg.inquiry_check_interval, self._expire_inquiries),
-                           name="executor-inquiries")  # fmt: skip
+            tg.create_task(
+                self._every(stop, min(60.0, cfg.idempotency_key_retention / 10), self._purge_keys),
+                name="executor-idempotency-keys",
+            )
+            tg.create_task(
+                self._every(stop, cfg.inquiry_check_interval, self._expire_inquiries), name="executor-inquiries"
+            )
             # Retention of finished executions: one replica at a time whatever
             # exclusive_duties says, so _purge_history takes the duty lock itself.
-            tg.create_task(self._every(stop, self.settings.retention.interval, self._purge_history, shared=False),
-                           name="executor-retention")  # fmt: skip
+            tg.create_task(
+                self._every(stop, self.settings.retention.interval, self._purge_history, shared=False),
+                name="executor-retention",
+            )
             reconcile_every = self.settings.message_queue.reconcile_after / 2
             tg.create_task(self._every(stop, reconcile_every, self._transport.reconcile), name="executor-reconcile")
 

@@ -172,10 +172,24 @@ def rows_by_workflow(ids: list[int], tasks: Sequence[TaskRow], dispatches: Seque
 
 
 def rows_of(tasks: Sequence[TaskRow], dispatches: Sequence[DispatchRow]) -> Rows:
-    runs = [TaskRun(t["task_name"], t["iteration"], t["status"], tuple(t["arrivals"]), t["items_total"],
-                    t["result"], t["error"], t["items"], t["concurrency"]) for t in tasks]  # fmt: skip
-    ds = [Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"],
-                   d["result"]) for d in dispatches]  # fmt: skip
+    runs = [
+        TaskRun(
+            t["task_name"],
+            t["iteration"],
+            t["status"],
+            tuple(t["arrivals"]),
+            t["items_total"],
+            t["result"],
+            t["error"],
+            t["items"],
+            t["concurrency"],
+        )
+        for t in tasks
+    ]
+    ds = [
+        Dispatch(d["task_name"], d["iteration"], d["task_index"], d["execution"], d["retry"], d["status"], d["result"])
+        for d in dispatches
+    ]
     return Rows({(t.name, t.iteration): t for t in runs}, {d.key: d for d in ds})
 
 
@@ -259,13 +273,25 @@ class Writes:
         wid = wf["id"]
         for t in step.tasks:
             items = None if t.items is None else Jsonb(t.items)
-            _append(self.tasks, wid, t.name, t.iteration, t.status, Jsonb(list(t.arrivals)), t.items_total, items,
-                    t.concurrency, Jsonb(t.result), t.error)  # fmt: skip
+            _append(
+                self.tasks,
+                wid,
+                t.name,
+                t.iteration,
+                t.status,
+                Jsonb(list(t.arrivals)),
+                t.items_total,
+                items,
+                t.concurrency,
+                Jsonb(t.result),
+                t.error,
+            )
         new = {(c.task, c.iteration, c.index) for c in step.children}
         for d in step.dispatches:
             if d.key not in new:  # a new child's own claim writes its row
-                _append(self.dispatches, wid, d.task, d.iteration, d.index, d.execution, d.retry, d.status,
-                        Jsonb(d.result))  # fmt: skip
+                _append(
+                    self.dispatches, wid, d.task, d.iteration, d.index, d.execution, d.retry, d.status, Jsonb(d.result)
+                )
         self.children += [(wf, c) for c in step.children]
         for execution in step.cancel:
             _append(self.cancel, execution, f"workflow {ref} (execution {wf['execution']})")
@@ -325,8 +351,9 @@ class RowCache:
     def drop(self, wid: int) -> None:
         self._entries.pop(wid, None)
 
-    def put(self, wid: int, version: str, old: Rows, step: Step, executions: dict[DispatchKey, int],
-            ended: bool) -> None:  # fmt: skip
+    def put(
+        self, wid: int, version: str, old: Rows, step: Step, executions: dict[DispatchKey, int], ended: bool
+    ) -> None:
         """``old`` with ``step`` applied as the statements applied it; ``executions``:
         the new children's ids by dispatch key."""
         if ended:
@@ -374,8 +401,13 @@ class Charges:
         return any(self.tasks.values()) or any(self.executions.values())
 
     def params(self, bounds: WorkflowBounds) -> dict[str, Any]:
-        wids = sorted(w for w in self.tasks.keys() | self.executions.keys()
-                      if self.tasks.get(w) or self.executions.get(w))  # fmt: skip
-        return {"wids": wids, "tasks": [self.tasks.get(w, 0) for w in wids],
-                "executions": [self.executions.get(w, 0) for w in wids],
-                "max_tasks": bounds.max_tree_tasks, "max_executions": bounds.max_tree_executions}  # fmt: skip
+        wids = sorted(
+            w for w in self.tasks.keys() | self.executions.keys() if self.tasks.get(w) or self.executions.get(w)
+        )
+        return {
+            "wids": wids,
+            "tasks": [self.tasks.get(w, 0) for w in wids],
+            "executions": [self.executions.get(w, 0) for w in wids],
+            "max_tasks": bounds.max_tree_tasks,
+            "max_executions": bounds.max_tree_executions,
+        }

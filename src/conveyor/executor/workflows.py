@@ -84,8 +84,15 @@ class PassResult:
 
 
 class Advancer:
-    def __init__(self, pool: Pool, *, batch_size: int = 50, decide: Decide | None = None,
-                 bounds: WorkflowBounds | None = None, documents: DocumentLimits | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        batch_size: int = 50,
+        decide: Decide | None = None,
+        bounds: WorkflowBounds | None = None,
+        documents: DocumentLimits | None = None,
+    ) -> None:
         self._pool = pool
         self._batch_size = batch_size
         self._bounds = bounds or WorkflowBounds.model_validate({})
@@ -142,21 +149,32 @@ class Advancer:
                 broken = {seen[0]: batch_error}
                 advanced = 0
             else:  # which one broke the batch? Each alone: only that one fails.
-                log.warning("a batch of workflow advancements failed; advancing them one by one",
-                            error=repr(batch_error))  # fmt: skip
+                log.warning(
+                    "a batch of workflow advancements failed; advancing them one by one", error=repr(batch_error)
+                )
                 results = [await self.advance_many([wid]) for wid in seen]
                 return PassResult(*(sum(getattr(r, f) for r in results) for f in ("advanced", "failed", "skipped")))
         for wid, exc in broken.items():
             if over_bound(exc):  # the definition's doing, not a defect: no traceback
                 log.warning("workflow over a bound; failing the workflow", workflow_execution=wid, error=str(exc))
             else:
-                log.error("workflow advancement failed; failing the workflow", workflow_execution=wid,
-                          error=repr(exc), exc_info=None if isinstance(exc, WorkflowBroken) else exc)  # fmt: skip
+                log.error(
+                    "workflow advancement failed; failing the workflow",
+                    workflow_execution=wid,
+                    error=repr(exc),
+                    exc_info=None if isinstance(exc, WorkflowBroken) else exc,
+                )
             await self._fail(wid, exc)
         return PassResult(advanced, len(broken), len(seen) - advanced - len(broken))
 
-    async def _advance(self, conn: AsyncConn, pipeline: AsyncPipeline, ids: list[int] | None, seen: list[int],
-                       broken: dict[int, Exception]) -> tuple[int, Callable[[], Awaitable[None]]]:  # fmt: skip
+    async def _advance(
+        self,
+        conn: AsyncConn,
+        pipeline: AsyncPipeline,
+        ids: list[int] | None,
+        seen: list[int],
+        broken: dict[int, Exception],
+    ) -> tuple[int, Callable[[], Awaitable[None]]]:
         """Lock, read, decide and apply; the workflows that broke before any write go into
         ``broken`` (their events left for :meth:`_fail`). Returns how many advanced, and
         what to do once committed (the cache's update: a rolled-back write is not cached).
@@ -201,14 +219,16 @@ class Advancer:
                 broken[wf["id"]] = exc
                 continue
             decided.append((wf, spec.ref, step, policy))
-        unknown = await self._unknown_actions(conn, {c.action_ref for *_, step, _ in decided if step
-                                                     for c in step.children})  # fmt: skip
+        unknown = await self._unknown_actions(
+            conn, {c.action_ref for *_, step, _ in decided if step for c in step.children}
+        )
         writes = Writes()
         charges = Charges()
         applied: list[tuple[WorkflowRow, Step]] = []
         for wf, ref, step, policy in decided:
-            missing = sorted({f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step
-                             else ())  # fmt: skip
+            missing = sorted(
+                {f"{c.task}: {c.action_ref}" for c in step.children if c.action_ref in unknown} if step else ()
+            )
             if missing:  # found before any write: fails this workflow alone, not the batch
                 broken[wf["id"]] = WorkflowBroken("unknown action (task: action): " + ", ".join(missing))
                 continue
@@ -235,8 +255,9 @@ class Advancer:
 
         return len(wfs) - len(broken), done
 
-    def _step(self, spec: WorkflowSpec, state: WorkflowState, wf: WorkflowRow,
-              rows: list[EventRow]) -> tuple[Step | None, str]:  # fmt: skip
+    def _step(
+        self, spec: WorkflowSpec, state: WorkflowState, wf: WorkflowRow, rows: list[EventRow]
+    ) -> tuple[Step | None, str]:
         events = [e for e in (event_of(r, wf) for r in rows) if e is not None]
         policy = wf["cancel_policy"]
         for e in events:
@@ -318,17 +339,22 @@ class Advancer:
             await conn.execute(Q["workflow_end_execution"], writes.end)
         return updated, executions
 
-    async def _request_children(self, conn: AsyncConn, writes: Writes, executions: Executions,
-                                charges: Charges) -> None:  # fmt: skip
+    async def _request_children(
+        self, conn: AsyncConn, writes: Writes, executions: Executions, charges: Charges
+    ) -> None:
         cursor = typed(ClaimRow, await conn.execute(Q["workflow_claim_dispatches"], writes.claims()))
-        claimed = {(r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
-                   for r in await cursor.fetchall()}  # fmt: skip
+        claimed = {
+            (r["workflow_execution"], r["task_name"], r["iteration"], r["task_index"]): r["id"]
+            for r in await cursor.fetchall()
+        }
         failpoints.reach("workflow.after_dispatch_row")
-        new = [(claimed[key], wf, c) for wf, c in writes.children
-               if (key := (wf["id"], c.task, c.iteration, c.index)) in claimed]  # fmt: skip
+        new = [
+            (claimed[key], wf, c)
+            for wf, c in writes.children
+            if (key := (wf["id"], c.task, c.iteration, c.index)) in claimed
+        ]
         if len(new) < len(writes.children):
-            log.info("children already requested were not requested again",
-                     duplicates=len(writes.children) - len(new))  # fmt: skip
+            log.info("children already requested were not requested again", duplicates=len(writes.children) - len(new))
             for wf, c in writes.children:
                 if (wf["id"], c.task, c.iteration, c.index) not in claimed:
                     executions.pop(wf["id"], None)
@@ -336,11 +362,19 @@ class Advancer:
             return
         for _, wf, _ in new:  # the children made here, not those a replay found made
             charges.executions[wf["id"]] = charges.executions.get(wf["id"], 0) + 1
-        children = typed(ChildRow, await conn.execute(Q["workflow_request_children"], {
-            "dispatches": [d for d, _, _ in new], "parents": [wf["execution"] for _, wf, _ in new],
-            "refs": [c.action_ref for *_, c in new], "parameters": [Jsonb(c.parameters) for *_, c in new],
-            "delays": [c.delay for *_, c in new],
-        }))  # fmt: skip
+        children = typed(
+            ChildRow,
+            await conn.execute(
+                Q["workflow_request_children"],
+                {
+                    "dispatches": [d for d, _, _ in new],
+                    "parents": [wf["execution"] for _, wf, _ in new],
+                    "refs": [c.action_ref for *_, c in new],
+                    "parameters": [Jsonb(c.parameters) for *_, c in new],
+                    "delays": [c.delay for *_, c in new],
+                },
+            ),
+        )
         made = {r["id"]: r["execution"] for r in await children.fetchall()}
         missing = sorted({f"{c.task}: {c.action_ref}" for d, _, c in new if d not in made})
         if missing:  # an action deleted since it was checked: the batch rolls back
@@ -371,20 +405,36 @@ class Advancer:
                 running = await typed(ChildExecutionRow, children).fetchall()
                 if running:
                     by = f"workflow execution {wf['execution']}"
-                    await conn.execute(Q["workflow_cancel_children"], {
-                        "ids": [r["execution"] for r in running], "bys": [by] * len(running),
-                    })  # fmt: skip
+                    await conn.execute(
+                        Q["workflow_cancel_children"],
+                        {
+                            "ids": [r["execution"] for r in running],
+                            "bys": [by] * len(running),
+                        },
+                    )
                 errors = [*wf["errors"], {"error": message}]
-                await conn.execute(Q["workflow_update"], {
-                    "ids": ids, "statuses": ["failed"], "contexts": [Jsonb(wf["context"])], "outputs": [Jsonb(None)],
-                    "errors": [Jsonb(errors)], "cancel_policies": [wf["cancel_policy"]],
-                })  # fmt: skip
+                await conn.execute(
+                    Q["workflow_update"],
+                    {
+                        "ids": ids,
+                        "statuses": ["failed"],
+                        "contexts": [Jsonb(wf["context"])],
+                        "outputs": [Jsonb(None)],
+                        "errors": [Jsonb(errors)],
+                        "cancel_policies": [wf["cancel_policy"]],
+                    },
+                )
                 executions = [wf["execution"]]
                 await conn.execute(Q["workflow_resume_execution"], {"executions": executions})
                 result = result_of("failed", None, tuple(errors), None)
-                await conn.execute(Q["workflow_end_execution"], {
-                    "executions": executions, "statuses": ["failed"], "results": [Jsonb(result)],
-                })  # fmt: skip
+                await conn.execute(
+                    Q["workflow_end_execution"],
+                    {
+                        "executions": executions,
+                        "statuses": ["failed"],
+                        "results": [Jsonb(result)],
+                    },
+                )
                 await conn.execute(Q["workflow_consume_events"], {"ids": [r["id"] for r in rows]})
         except SESSION_ENDED:
             raise

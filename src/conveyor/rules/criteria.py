@@ -43,16 +43,26 @@ MISSING: Final = _Missing()
 
 # Operator names: ours, and StackStorm's spellings of the same thing.
 ALIASES: Final = {
-    "eq": "equals", "ieq": "iequals", "greaterthan": "gt", "lessthan": "lt", "inside": "in",
-    "ninside": "nin", "neq": "nequals",
-}  # fmt: skip
+    "eq": "equals",
+    "ieq": "iequals",
+    "greaterthan": "gt",
+    "lessthan": "lt",
+    "inside": "in",
+    "ninside": "nin",
+    "neq": "nequals",
+}
 POSITIVE: Final = frozenset(
     {"equals", "iequals", "contains", "startswith", "endswith", "regex", "gt", "gte", "lt", "lte", "exists", "in"}
 )
 NEGATIONS: Final = {
-    "nequals": "equals", "ncontains": "contains", "nregex": "regex", "nexists": "exists", "nin": "in",
-    "nstartswith": "startswith", "nendswith": "endswith",
-}  # fmt: skip
+    "nequals": "equals",
+    "ncontains": "contains",
+    "nregex": "regex",
+    "nexists": "exists",
+    "nin": "in",
+    "nstartswith": "startswith",
+    "nendswith": "endswith",
+}
 OPERATORS: Final = POSITIVE | frozenset(NEGATIONS) | frozenset(ALIASES)
 
 

@@ -75,9 +75,17 @@ def parse(doc: Any, where: str = "") -> RuleSpec:
         definition = json.loads(json.dumps(doc, default=str))  # YAML dates etc. become strings
     except ValueError as exc:  # pragma: no cover - safe_load gives JSON-able values
         raise InvalidRuleError([(where, "", f"not representable as JSON: {exc}")]) from None
-    return RuleSpec(ref=ref, trigger=trigger, criteria=dict(raw_criteria), tree=tree, action_ref=action_ref,
-                    parameters=parameters, enabled=bool(enabled), description=description,
-                    definition=definition)  # fmt: skip
+    return RuleSpec(
+        ref=ref,
+        trigger=trigger,
+        criteria=dict(raw_criteria),
+        tree=tree,
+        action_ref=action_ref,
+        parameters=parameters,
+        enabled=bool(enabled),
+        description=description,
+        definition=definition,
+    )
 
 
 def _ref(doc: Mapping[str, Any], problems: Problems) -> str:
@@ -166,8 +174,13 @@ def parse_criteria(
 def _check(key: str, spec: Any, where: str, problems: Problems) -> c.Check | None:
     parts = c.split_path(key)
     if parts is None or len(parts) > c.MAX_PATH:
-        problems.append((where, "a criteria key is a path from trigger (trigger.body.branch, "
-                                "trigger.headers['x-github-event']), or and/or/not"))  # fmt: skip
+        problems.append(
+            (
+                where,
+                "a criteria key is a path from trigger (trigger.body.branch, "
+                "trigger.headers['x-github-event']), or and/or/not",
+            )
+        )
         return None
     if not isinstance(spec, Mapping):
         problems.append((where, "must be {type: OPERATOR, pattern: VALUE}"))

@@ -70,8 +70,15 @@ class Decision:
         return Decision(self.event, self.rule, self.rule_ref, "request_error", self.action_ref, None, _text(reason))
 
     def as_json(self) -> dict[str, Any]:
-        return {"event": self.event, "rule": self.rule, "rule_ref": self.rule_ref, "outcome": self.outcome,
-                "action_ref": self.action_ref, "parameters": self.parameters, "error": self.error}  # fmt: skip
+        return {
+            "event": self.event,
+            "rule": self.rule,
+            "rule_ref": self.rule_ref,
+            "outcome": self.outcome,
+            "action_ref": self.action_ref,
+            "parameters": self.parameters,
+            "error": self.error,
+        }
 
 
 def decide(rule: RuleRow, event: EventRow, tree: Criterion | None = None, limits: Limits = LIMITS) -> Decision | None:

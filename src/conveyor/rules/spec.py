@@ -23,7 +23,12 @@ class RuleSpec:
     def sql_args(self) -> dict[str, Any]:
         """register_rule's arguments (migration 0016)."""
         return {
-            "ref": self.ref, "trigger": self.trigger, "criteria": self.criteria, "action_ref": self.action_ref,
-            "parameters": self.parameters, "enabled": self.enabled, "description": self.description,
+            "ref": self.ref,
+            "trigger": self.trigger,
+            "criteria": self.criteria,
+            "action_ref": self.action_ref,
+            "parameters": self.parameters,
+            "enabled": self.enabled,
+            "description": self.description,
             "definition": self.definition,
-        }  # fmt: skip
+        }

@@ -170,9 +170,19 @@ class Client(
         self, *, status: str | None = None, action: str | None = None, limit: int = 50, before: int | None = None
     ) -> list[ExecutionSummary]:
         """Newest first, as summaries (no full parameters or result: ``get`` has them)."""
-        params = {"statuses": [status] if status else None, "action": action, "worker": None, "since": None,
-                  "until": None, "before": before, "limit": limit, "with_result": True,
-                  "parameters": None, "error": None, "floor": None}  # fmt: skip
+        params = {
+            "statuses": [status] if status else None,
+            "action": action,
+            "worker": None,
+            "since": None,
+            "until": None,
+            "before": before,
+            "limit": limit,
+            "with_result": True,
+            "parameters": None,
+            "error": None,
+            "floor": None,
+        }
         rows = self.conn.execute(Q["api_list_executions"], params).fetchall()
         return [ExecutionSummary(**{**summary_fields(r), "status": ExecutionStatus(r["status"])}) for r in rows]
 

@@ -152,8 +152,14 @@ class EventMethods:
         before: int | None = None,
     ) -> list[dict[str, Any]]:
         """Newest first; ``before`` (an id) pages."""
-        params = {"trigger": trigger, "source": source, "since": since, "until": until, "before": before,
-                  "limit": limit}  # fmt: skip
+        params = {
+            "trigger": trigger,
+            "source": source,
+            "since": since,
+            "until": until,
+            "before": before,
+            "limit": limit,
+        }
         return list(self.conn.execute(Q["list_events"], params).fetchall())
 
     def event(self, event_id: int) -> dict[str, Any]:

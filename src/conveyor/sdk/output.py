@@ -49,8 +49,11 @@ class OutputMethods:
         if not rows:
             raise ExecutionNotFoundError(execution_id)
         ended = bool(rows[0]["ended"])
-        chunks = [OutputChunk(r["id"], r["attempt"], r["stream"], bytes(r["data"]), r["created"])
-                  for r in rows if r["id"] is not None]  # fmt: skip
+        chunks = [
+            OutputChunk(r["id"], r["attempt"], r["stream"], bytes(r["data"]), r["created"])
+            for r in rows
+            if r["id"] is not None
+        ]
         return chunks, ended
 
     def follow_output(self, execution_id: int, *, after: int = 0, follow: bool = True) -> Iterator[OutputChunk]:

@@ -146,16 +146,24 @@ async def serve(
     idle = min(IDLE_IN_TRANSACTION, settings.worker.self_fence_after) if worker_only else IDLE_IN_TRANSACTION
     if run_executor:
         idle = min(idle, settings.executor_liveness.hold_timeout)
-    pool = make_pool(url, schema, f"conveyor-{roles}", settings.database.pool_size, pooled=pooled,
-                     prepare_threshold=settings.database.prepare_threshold, idle_timeout=idle,
-                     reconnect_interval=settings.database.reconnect_interval,
-                     timeout=settings.database.pool_timeout)  # fmt: skip
+    pool = make_pool(
+        url,
+        schema,
+        f"conveyor-{roles}",
+        settings.database.pool_size,
+        pooled=pooled,
+        prepare_threshold=settings.database.prepare_threshold,
+        idle_timeout=idle,
+        reconnect_interval=settings.database.reconnect_interval,
+        timeout=settings.database.pool_timeout,
+    )
     await pool.open(wait=True, timeout=30)
     try:
         if pooled:
             await check_pooled_sessions(pool, schema)
-        transport = make_transport(settings, direct, pool, relay=run_executor,
-                                   application_name=f"conveyor-{roles}-listen")  # fmt: skip
+        transport = make_transport(
+            settings, direct, pool, relay=run_executor, application_name=f"conveyor-{roles}-listen"
+        )
         if run_executor or run_worker:
             async with pool.connection() as conn:
                 await transport.declare_route(conn)
@@ -220,8 +228,9 @@ async def _prepare_when_reachable(url: str, schema: str) -> list[Migration]:
             if refused_for_good(exc):
                 raise ConveyorError(f"cannot reach the database: {str(exc).strip()}{pooler_hint(exc)}") from exc
             attempt += 1
-            log.warning("database unreachable at start; retrying", error=str(exc).strip(), attempt=attempt,
-                        retry_in=delay)  # fmt: skip
+            log.warning(
+                "database unreachable at start; retrying", error=str(exc).strip(), attempt=attempt, retry_in=delay
+            )
         await asyncio.sleep(delay)
         delay = min(delay * 2, _START_RETRY_MAX)
 

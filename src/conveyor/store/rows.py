@@ -44,9 +44,17 @@ class Decisions:
     def params(
         self, end: AttemptEnd, *, by: str, from_statuses: Iterable[ExecutionStatus], worker: int | None = None
     ) -> dict[str, Any]:
-        return {"ids": self.ids, "attempts": self.attempts, "statuses": self.statuses,
-                "delays": self.delays, "errors": self.errors, "worker": worker, "outcome": end.value,
-                "by": by, "from_statuses": [s.value for s in from_statuses]}  # fmt: skip
+        return {
+            "ids": self.ids,
+            "attempts": self.attempts,
+            "statuses": self.statuses,
+            "delays": self.delays,
+            "errors": self.errors,
+            "worker": worker,
+            "outcome": end.value,
+            "by": by,
+            "from_statuses": [s.value for s in from_statuses],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +94,7 @@ class LiveWorker:
         return free_capacity(self.capacity, self.prefetch, self.load)
 
     def candidate(self) -> Candidate:
-        return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting,
-                         self.prefetch)  # fmt: skip
+        return Candidate(self.id, self.runtimes, self.actions, self.capacity, self.load, self.accepting, self.prefetch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,5 +14,9 @@ def make_transport(settings: Settings, url: str, pool: Pool, *, relay: bool, app
         from conveyor.transport.rabbitmq import RabbitMQTransport  # the broker client only when used
 
         return RabbitMQTransport(settings, url, pool, relay=relay, application_name=application_name)
-    return PostgresTransport(url, settings.database.schema_name, application_name=application_name,
-                             reconnect_interval=settings.database.reconnect_interval)  # fmt: skip
+    return PostgresTransport(
+        url,
+        settings.database.schema_name,
+        application_name=application_name,
+        reconnect_interval=settings.database.reconnect_interval,
+    )

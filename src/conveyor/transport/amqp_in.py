@@ -121,8 +121,12 @@ class DeadLetterConsumer:
         except Exception as exc:  # a handler bug must not crash-loop the consumer
             error = f"{type(exc).__name__}: {exc}"
             if dead_letter.delivery_count + 1 < self._max:
-                log.warning("dead letter handling failed; it will be retried", error=error,
-                            message_id=dead_letter.message_id, delivery=dead_letter.delivery_count + 1)  # fmt: skip
+                log.warning(
+                    "dead letter handling failed; it will be retried",
+                    error=error,
+                    message_id=dead_letter.message_id,
+                    delivery=dead_letter.delivery_count + 1,
+                )
                 transport_error("rabbitmq", "consume")
                 # reject, not nack: a failure, counted in x-delivery-count on every broker
                 # version (from RabbitMQ 4.3 a requeueing nack no longer counts).
@@ -131,12 +135,20 @@ class DeadLetterConsumer:
             try:
                 await self._until_database_answers(lambda: self._sink.record_unresolved(dead_letter.as_poison(error)))
             except Exception:  # even the record fails: logged with the body, then let go
-                log.exception("poison dead letter could not be recorded; dropped", message_id=dead_letter.message_id,
-                              body=dead_letter.body[:2000].decode("utf-8", "replace"), error=error)  # fmt: skip
+                log.exception(
+                    "poison dead letter could not be recorded; dropped",
+                    message_id=dead_letter.message_id,
+                    body=dead_letter.body[:2000].decode("utf-8", "replace"),
+                    error=error,
+                )
                 await message.ack()
                 return
-            log.error("dead letter could not be handled; recorded as poison for an operator", error=error,
-                      message_id=dead_letter.message_id, deliveries=dead_letter.delivery_count + 1)  # fmt: skip
+            log.error(
+                "dead letter could not be handled; recorded as poison for an operator",
+                error=error,
+                message_id=dead_letter.message_id,
+                deliveries=dead_letter.delivery_count + 1,
+            )
         await message.ack()
 
     @staticmethod

@@ -104,8 +104,11 @@ class Transport(ABC):
         if was is None:
             log.info("wake-ups go through this transport", transport=self.kind)
         else:  # another process of this installation may still use the old one: a misconfiguration
-            log.warning("wake-ups switched to this transport; every process of the installation must use it",
-                        transport=self.kind, was=was)  # fmt: skip
+            log.warning(
+                "wake-ups switched to this transport; every process of the installation must use it",
+                transport=self.kind,
+                was=was,
+            )
 
     @abstractmethod
     def subscribe(self, topic: Topic, worker_id: int | None = None, bell: Doorbell | None = None) -> Doorbell:

@@ -98,8 +98,9 @@ class RabbitMQTransport(Transport):
         self.names = m.Names(self._mq.prefix, settings.dead_letter_exchange)
         self._schema = settings.database.schema_name
         self._application_name = application_name
-        self._pg = PostgresTransport(db_url, self._schema, application_name,
-                                     reconnect_interval=settings.database.reconnect_interval)  # fmt: skip
+        self._pg = PostgresTransport(
+            db_url, self._schema, application_name, reconnect_interval=settings.database.reconnect_interval
+        )
         self._bells: dict[str, list[Doorbell]] = defaultdict(list)
         self._workers: set[int] = set()
         self._sink: DeadLetterSink | None = None
@@ -185,8 +186,11 @@ class RabbitMQTransport(Transport):
             except BROKER_ERRORS as exc:
                 error = exc
                 if len(urls) > 1:
-                    log.info("RabbitMQ node unreachable; trying the next", node=node_of(urls[index]),
-                             error=str(exc) or type(exc).__name__)  # fmt: skip
+                    log.info(
+                        "RabbitMQ node unreachable; trying the next",
+                        node=node_of(urls[index]),
+                        error=str(exc) or type(exc).__name__,
+                    )
                 continue
             return connection, index
         assert error is not None
@@ -293,13 +297,17 @@ class RabbitMQTransport(Transport):
             except ChannelPreconditionFailed as exc:
                 ch = await self._connection.channel()
                 if recreate:
-                    log.warning("queue had other arguments; recreating it with the configured ones",
-                                queue=name, error=str(exc))  # fmt: skip
+                    log.warning(
+                        "queue had other arguments; recreating it with the configured ones", queue=name, error=str(exc)
+                    )
                     await ch.queue_delete(name)
                     queue = await ch.declare_queue(name, durable=True, arguments=args)
                 else:
-                    log.warning("queue has other arguments than configured; using it as it is "
-                                "(see the runbook to change them)", queue=name, error=str(exc))  # fmt: skip
+                    log.warning(
+                        "queue has other arguments than configured; using it as it is (see the runbook to change them)",
+                        queue=name,
+                        error=str(exc),
+                    )
                     queue = await ch.declare_queue(name, passive=True)
             for exchange, key in bindings:
                 await queue.bind(exchange, key)

@@ -23,8 +23,20 @@ from conveyor.verbs.common import refusals
 from conveyor.verbs.drive import Verb, sql
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?")
-SPEC_FIELDS = ("cron", "every", "at", "timezone", "starts", "ends", "action", "parameters", "catchup",
-               "catchup_window", "overlap", "description")  # fmt: skip
+SPEC_FIELDS = (
+    "cron",
+    "every",
+    "at",
+    "timezone",
+    "starts",
+    "ends",
+    "action",
+    "parameters",
+    "catchup",
+    "catchup_window",
+    "overlap",
+    "description",
+)
 MAX_NEXT = 100
 
 
@@ -106,18 +118,41 @@ def create_params(name: str, fields: Mapping[str, Any], *, replace: bool) -> dic
         catchup_window=window,
         overlap=fields.get("overlap") or "allow",
     )
-    return {"name": name, "kind": spec.kind, "cron": spec.cron, "timezone": spec.timezone, "every": spec.every,
-            "at": spec.at, "starts": spec.starts, "ends": spec.ends, "action_ref": action,
-            "parameters": Jsonb(parameters), "catchup": spec.catchup, "catchup_window": spec.catchup_window,
-            "overlap": spec.overlap, "description": fields.get("description"), "replace": replace}  # fmt: skip
+    return {
+        "name": name,
+        "kind": spec.kind,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "every": spec.every,
+        "at": spec.at,
+        "starts": spec.starts,
+        "ends": spec.ends,
+        "action_ref": action,
+        "parameters": Jsonb(parameters),
+        "catchup": spec.catchup,
+        "catchup_window": spec.catchup_window,
+        "overlap": spec.overlap,
+        "description": fields.get("description"),
+        "replace": replace,
+    }
 
 
 def fields_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """A stored schedule as the fields create_params takes (PATCH merges into these)."""
-    return {"cron": row["cron"], "every": row["every"], "at": row["at"], "timezone": row["timezone"],
-            "starts": row["starts"], "ends": row["ends"], "action": row["action_ref"],
-            "parameters": row["parameters"], "catchup": row["catchup"], "catchup_window": row["catchup_window"],
-            "overlap": row["overlap"], "description": row["description"]}  # fmt: skip
+    return {
+        "cron": row["cron"],
+        "every": row["every"],
+        "at": row["at"],
+        "timezone": row["timezone"],
+        "starts": row["starts"],
+        "ends": row["ends"],
+        "action": row["action_ref"],
+        "parameters": row["parameters"],
+        "catchup": row["catchup"],
+        "catchup_window": row["catchup_window"],
+        "overlap": row["overlap"],
+        "description": row["description"],
+    }
 
 
 def patched(row: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,8 +166,12 @@ def patched(row: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any
 
 # A PATCH's fields as patch_schedule's columns: the timing (cron, every, at and the kind
 # they make) is one, so naming any of them replaces the four.
-_COLUMNS = {"cron": ("kind", "cron", "every", "at"), "every": ("kind", "cron", "every", "at"),
-            "at": ("kind", "cron", "every", "at"), "action": ("action_ref",)}  # fmt: skip
+_COLUMNS = {
+    "cron": ("kind", "cron", "every", "at"),
+    "every": ("kind", "cron", "every", "at"),
+    "at": ("kind", "cron", "every", "at"),
+    "action": ("action_ref",),
+}
 
 
 def patch_params(name: str, row: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:

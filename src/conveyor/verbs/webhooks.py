@@ -49,9 +49,16 @@ def registration(
         )
     if token is not None and not token.strip():
         raise InvalidWebhookError("an empty bearer token")
-    given = {"trigger": trigger, "secret": secret, "token": token, "signature_header": signature_header,
-             "signature_prefix": signature_prefix, "idempotency_header": idempotency_header,
-             "description": description, "payload_schema": payload_schema}  # fmt: skip
+    given = {
+        "trigger": trigger,
+        "secret": secret,
+        "token": token,
+        "signature_header": signature_header,
+        "signature_prefix": signature_prefix,
+        "idempotency_header": idempotency_header,
+        "description": description,
+        "payload_schema": payload_schema,
+    }
     problems = list(unstorable(given, ""))  # a NUL or a lone surrogate PostgreSQL would refuse
     if problems:
         raise InvalidWebhookError(f"webhook {name}: " + "; ".join(problems))

@@ -58,6 +58,7 @@ from psycopg.rows import dict_row
 from conveyor.config import WorkerSettings
 from conveyor.domain.errors import ConveyorError
 from conveyor.domain.status import InactiveReason, WorkerStatus
+from conveyor.store import transitions
 from conveyor.store.db import PROCESS_TAG, AsyncConn, Row, conninfo_kwargs, server_restarting
 from conveyor.store.queries import Q
 from conveyor.worker.runners.isolated import Lease
@@ -158,8 +159,7 @@ class Liveness:
             status = WorkerStatus.INACTIVE
             try:
                 async with asyncio.timeout(self._cfg.heartbeat_interval):
-                    await self._conn.execute(Q["set_worker_status"], {"id": self.worker_id, "status": status,
-                                                                      "reason": reason})  # fmt: skip
+                    await transitions.set_worker_status(self._conn, self.worker_id, status, reason)
             except (psycopg.OperationalError, TimeoutError) as exc:
                 log.warning("cannot record worker status", status=status, error=str(exc).strip())
             await self._conn.close()
@@ -204,8 +204,12 @@ class Liveness:
                     self._note_ending(exc.diag)
                 await self._drop_connection()
                 failures += 1
-                log.warning("heartbeat failed", worker=self.name, error=str(exc).strip() or type(exc).__name__,
-                            silent_for=round(time.monotonic() - self.last_ok, 1))  # fmt: skip
+                log.warning(
+                    "heartbeat failed",
+                    worker=self.name,
+                    error=str(exc).strip() or type(exc).__name__,
+                    silent_for=round(time.monotonic() - self.last_ok, 1),
+                )
                 if failures == 1:
                     await self._reconnect_within_grace()
                 else:
@@ -234,12 +238,16 @@ class Liveness:
                     # What happens next depends on how long the server stays away: say so
                     # (issue 25: "the work carries on" was logged, then the work was stopped).
                     silent = time.monotonic() - self.last_ok
-                    log.warning("database restarting; running executions carry on if it is back within stops_in "
-                                "seconds, else this worker stops them and the executors re-run or abandon them "
-                                "(on_worker_lost)", worker=self.name, evidence=down,
-                                error=str(exc).strip() or type(exc).__name__,
-                                stops_in=round(max(0.0, self._cfg.self_fence_after - silent), 1),
-                                stops_after=self._cfg.self_fence_after)  # fmt: skip
+                    log.warning(
+                        "database restarting; running executions carry on if it is back within stops_in "
+                        "seconds, else this worker stops them and the executors re-run or abandon them "
+                        "(on_worker_lost)",
+                        worker=self.name,
+                        evidence=down,
+                        error=str(exc).strip() or type(exc).__name__,
+                        stops_in=round(max(0.0, self._cfg.self_fence_after - silent), 1),
+                        stops_after=self._cfg.self_fence_after,
+                    )
                     return
                 if isinstance(exc, NameInUseError) or loop.time() + _RETRY >= deadline:
                     reason = str(exc).strip() or type(exc).__name__
@@ -247,8 +255,12 @@ class Liveness:
                     return
                 await asyncio.sleep(_RETRY)
         self.last_ok = time.monotonic()
-        log.info("liveness session re-established", worker=self.name, worker_id=self.worker_id,
-                 server_restarted=self.lock_epoch != epoch)  # fmt: skip
+        log.info(
+            "liveness session re-established",
+            worker=self.name,
+            worker_id=self.worker_id,
+            server_restarted=self.lock_epoch != epoch,
+        )
         await self._resume()
 
     def _note_ending(self, diag: psycopg.errors.Diagnostic) -> None:
@@ -304,8 +316,12 @@ class Liveness:
             self._lease.expire()  # its isolated actions stop at once: they are recovered elsewhere
         # Stopped runs are handed to recovery (releasing.Releaser.detach_stopped when it rejoins, or
         # the executors' sweep): each is re-run as a new attempt or abandoned, by its policy.
-        log.error("worker lost its standing; stopping its executions: the executors re-run them as a new attempt "
-                  "or abandon them (on_worker_lost)", worker=self.name, reason=reason)  # fmt: skip
+        log.error(
+            "worker lost its standing; stopping its executions: the executors re-run them as a new attempt "
+            "or abandon them (on_worker_lost)",
+            worker=self.name,
+            reason=reason,
+        )
         await self._on_lost(reason)
 
     async def _connect(self) -> None:
@@ -314,8 +330,13 @@ class Liveness:
         interval = max(1, math.floor(idle / 2))
         count = max(1, math.ceil((bound - idle) / interval))
         kwargs = conninfo_kwargs(self._schema, "conveyor-worker-liveness")
-        kwargs.update(keepalives_idle=idle, keepalives_interval=interval, keepalives_count=count,
-                      tcp_user_timeout=int(bound * 1000), connect_timeout=max(2, idle))  # fmt: skip
+        kwargs.update(
+            keepalives_idle=idle,
+            keepalives_interval=interval,
+            keepalives_count=count,
+            tcp_user_timeout=int(bound * 1000),
+            connect_timeout=max(2, idle),
+        )
         conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=dict_row, **kwargs)
         # A server that accepts a connection is up: what it said before is history.
         self._going_down, self._ended_by_server = None, False
@@ -346,8 +367,11 @@ class Liveness:
             if self.worker_id is None:  # this process's first registration: it runs nothing yet
                 orphans = await (await self._conn.execute(Q["detach_orphaned_runs"], {"id": row["id"]})).fetchall()
         if orphans:
-            log.warning("executions of a previous process under this worker name left for recovery",
-                        worker=self.name, execution_ids=[o["id"] for o in orphans])  # fmt: skip
+            log.warning(
+                "executions of a previous process under this worker name left for recovery",
+                worker=self.name,
+                execution_ids=[o["id"] for o in orphans],
+            )
         if not taken:
             raise NameInUseError(
                 f"worker name {self.name!r} is held by a live worker process (its liveness lock is taken); "

@@ -176,5 +176,9 @@ class OutputWriter:
         except (*SESSION_ENDED, psycopg.errors.QueryCanceled) as exc:
             # Live output is a view: its bytes are in the result too (up to the same cap).
             # Not retried, so that memory stays bounded while the database is away.
-            log.warning("live output not stored", worker=self._worker, error=str(exc).strip(),
-                        executions=sorted({r.execution_id for r, _, _ in chunks}))  # fmt: skip
+            log.warning(
+                "live output not stored",
+                worker=self._worker,
+                error=str(exc).strip(),
+                executions=sorted({r.execution_id for r, _, _ in chunks}),
+            )

@@ -15,6 +15,7 @@ import structlog
 from conveyor.config import Settings
 from conveyor.domain.outcome import AttemptEnd, after_interrupted
 from conveyor.domain.status import ExecutionStatus, WorkerStatus
+from conveyor.store import transitions
 from conveyor.store.db import SESSION_ENDED, Pool
 from conveyor.store.queries import Q
 from conveyor.store.rows import Decisions
@@ -65,10 +66,9 @@ class Releaser:
         stopped = self._runs.stopped()
         if not stopped:
             return
-        params = {"ids": [r.execution_id for r in stopped], "attempts": [r.attempt for r in stopped],
-                  "worker": self.worker_id}  # fmt: skip
+        runs = [(r.execution_id, r.attempt) for r in stopped]
         async with self._pool.connection() as conn:
-            rows = await (await conn.execute(Q["detach_runs"], params)).fetchall()
+            rows = await transitions.detach_runs(conn, self.worker_id, runs)
         self._runs.released(stopped)
         log.warning("left stopped executions to recovery", count=len(rows), worker=self.name)
 
@@ -80,13 +80,14 @@ class Releaser:
             return
         decisions = Decisions()
         for run in stopped:
-            decisions.add({"id": run.execution_id, "attempt": run.attempt},
-                          after_interrupted(run.metadata, self._on_worker_lost))  # fmt: skip
+            decisions.add(
+                {"id": run.execution_id, "attempt": run.attempt}, after_interrupted(run.metadata, self._on_worker_lost)
+            )
         params = decisions.params(
             AttemptEnd.INTERRUPTED, by="worker", from_statuses=(ExecutionStatus.RUNNING,), worker=self.worker_id
         )
         async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(Q["resolve_attempts"], params)).fetchall()
+            rows = await transitions.resolve_attempts(conn, params)
         ended = [r["id"] for r in rows if r["status"] != ExecutionStatus.REQUESTED]
         self._runs.released(stopped)
         log.warning("released interrupted executions", count=len(rows), abandoned=len(ended))
@@ -100,9 +101,8 @@ class Releaser:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(Q["lock_assignment"])  # no dispatch to us can slip in after this
-                draining = {"id": self.worker_id, "status": WorkerStatus.DRAINING, "reason": None}
-                await conn.execute(Q["set_worker_status"], draining)
-                back = await (await conn.execute(Q["hand_back_scheduled"], {"worker": self.worker_id})).fetchall()
+                await transitions.set_worker_status(conn, self.worker_id, WorkerStatus.DRAINING)
+                back = await transitions.hand_back_scheduled(conn, self.worker_id)
             if back:
                 log.info("handed back scheduled executions", count=len(back))
         except SESSION_ENDED as exc:

@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 import psycopg
 import structlog
-from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from conveyor.domain.outcome import AttemptEnd, Decision
 from conveyor.domain.status import ExecutionStatus
 from conveyor.domain.storable import ERROR_LIMIT, clean_text
 from conveyor.ops import failpoints
+from conveyor.store import transitions
 from conveyor.store.db import RECONNECT_INTERVAL, Pool
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun
@@ -39,8 +39,15 @@ _WRITES = 2
 # What a write raises because of the data it carries, not because the database is away:
 # retried as it is, it would fail for ever. (The runners make results storable first;
 # this is the net under them.)
-_REFUSED = (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, psycopg.InternalError,
-            UnicodeError, ValueError, TypeError, RecursionError)  # fmt: skip
+_REFUSED = (
+    psycopg.DataError,
+    psycopg.errors.ProgramLimitExceeded,
+    psycopg.InternalError,
+    UnicodeError,
+    ValueError,
+    TypeError,
+    RecursionError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +116,11 @@ class ResultWriter:
             async with asyncio.timeout(within):
                 await self._queue.join()
         except TimeoutError:
-            log.error("results not written before exit; recovery will re-run those executions",
-                      pending=self._queue.qsize(), worker=self._worker)  # fmt: skip
+            log.error(
+                "results not written before exit; recovery will re-run those executions",
+                pending=self._queue.qsize(),
+                worker=self._worker,
+            )
             return False
         return True
 
@@ -152,13 +162,21 @@ class ResultWriter:
                 return
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         f = batch[0]
-        log.error("result cannot be stored; the execution fails", execution_id=f.execution_id, attempt=f.attempt,
-                  worker=self._worker, error=clean_text(reason, ERROR_LIMIT))  # fmt: skip
+        log.error(
+            "result cannot be stored; the execution fails",
+            execution_id=f.execution_id,
+            attempt=f.attempt,
+            worker=self._worker,
+            error=clean_text(reason, ERROR_LIMIT),
+        )
         try:
             await self._write([f.refused(reason)])
         except _REFUSED as exc:  # not even a few words: leave the row to recovery, keep the worker
-            log.error("cannot record the execution failed either", execution_id=f.execution_id,
-                      error=clean_text(str(exc), ERROR_LIMIT))  # fmt: skip
+            log.error(
+                "cannot record the execution failed either",
+                execution_id=f.execution_id,
+                error=clean_text(str(exc), ERROR_LIMIT),
+            )
 
     async def _write(self, batch: list[Finished], claim: bool = False) -> None:
         delay = min(0.1, self._retry_max)
@@ -189,8 +207,7 @@ class ResultWriter:
                             await cursor.fetchall()  # the update (and its triggers) done, uncommitted
                         failpoints.reach("worker.before_result_commit")
                         if limit:
-                            claiming = conn.cursor(row_factory=class_row(ClaimedRun))
-                            await claiming.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
+                            claiming = await transitions.claim_scheduled(conn, self.worker_id, limit)
                     written = {r["id"] for r in await cursor.fetchall()}
                     claimed: list[ClaimedRun] = list(await claiming.fetchall()) if limit else []
             except BaseException as exc:
@@ -211,5 +228,9 @@ class ResultWriter:
             break
         for f in batch:
             if f.execution_id not in written:
-                log.warning("late result refused: the execution moved on without this attempt",
-                            execution_id=f.execution_id, attempt=f.attempt, worker=self._worker)  # fmt: skip
+                log.warning(
+                    "late result refused: the execution moved on without this attempt",
+                    execution_id=f.execution_id,
+                    attempt=f.attempt,
+                    worker=self._worker,
+                )

@@ -40,6 +40,7 @@ from conveyor.domain.models import ActionResult
 from conveyor.domain.outcome import AttemptEnd, after_run, cancelled
 from conveyor.domain.policy import RetryPolicy
 from conveyor.domain.status import InactiveReason
+from conveyor.store import transitions
 from conveyor.store.db import SESSION_ENDED, Pool, log_operational
 from conveyor.store.queries import Q
 from conveyor.store.rows import ClaimedRun
@@ -138,15 +139,22 @@ class WorkerService:
         Must run before the transport starts listening."""
         async with self._pool.connection() as conn:
             await run_async(conn, actions.offer(self._actions.values()))
-        if self.cfg.isolation == "process" or any(a.metadata.get("isolation") == "process"
-                                                  for a in self._actions.values()):  # fmt: skip
+        if self.cfg.isolation == "process" or any(
+            a.metadata.get("isolation") == "process" for a in self._actions.values()
+        ):
             await asyncio.to_thread(warm_up)
         worker_id = await self._liveness.start()
         self._results.worker_id = self._output.worker_id = worker_id
         self._transport.subscribe(Topic.WORKER, worker_id, bell=self._bell)
         self._liveness.accepting.set()
-        log.info("worker registered", worker=self.name, worker_id=worker_id, actions=len(self._actions),
-                 capacity=self.cfg.max_concurrent_tasks, stale_after=self.cfg.staleness)  # fmt: skip
+        log.info(
+            "worker registered",
+            worker=self.name,
+            worker_id=worker_id,
+            actions=len(self._actions),
+            capacity=self.cfg.max_concurrent_tasks,
+            stale_after=self.cfg.staleness,
+        )
         return worker_id
 
     async def run(self, stop: asyncio.Event, fast_stop: asyncio.Event) -> None:
@@ -208,8 +216,7 @@ class WorkerService:
         self._reserved += limit
         try:
             async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-                cursor = conn.cursor(row_factory=class_row(ClaimedRun))
-                await cursor.execute(Q["claim_scheduled"], {"worker": self.worker_id, "limit": limit})
+                cursor = await transitions.claim_scheduled(conn, self.worker_id, limit)
                 rows: list[ClaimedRun] = await cursor.fetchall()
         except BaseException:  # nothing claimed (or in doubt: the caller sees to that)
             self._reserved -= limit
@@ -263,8 +270,12 @@ class WorkerService:
         if self._runs.get(row.id, row.attempt) is not None:
             # Claimed again while it runs: the database went back to before this run's
             # claim (a failover lost it). The run goes on; its result completes the row.
-            log.warning("claimed an execution this worker already runs; not starting it twice",
-                        execution_id=row.id, attempt=row.attempt, worker=self.name)  # fmt: skip
+            log.warning(
+                "claimed an execution this worker already runs; not starting it twice",
+                execution_id=row.id,
+                attempt=row.attempt,
+                worker=self.name,
+            )
             return
         self._ran.add((row.id, row.attempt))
         run = self._runs.add(row.id, row.attempt, row.settings)
@@ -324,11 +335,13 @@ class WorkerService:
             rows: list[ClaimedRun] = await cursor.fetchall()
             forgotten = [r for r in rows if (r.id, r.attempt) in self._ran]
             if forgotten:
-                detach = {"ids": [r.id for r in forgotten], "attempts": [r.attempt for r in forgotten],
-                          "worker": self.worker_id}  # fmt: skip
-                await conn.execute(Q["detach_runs"], detach)
-                log.error("the database forgot results this worker wrote (a failover to a standby that "
-                          "lacked them); left to recovery", execution_ids=detach["ids"], worker=self.name)  # fmt: skip
+                await transitions.detach_runs(conn, self.worker_id, [(r.id, r.attempt) for r in forgotten])
+                log.error(
+                    "the database forgot results this worker wrote (a failover to a standby that "
+                    "lacked them); left to recovery",
+                    execution_ids=[r.id for r in forgotten],
+                    worker=self.name,
+                )
         rows = [r for r in rows if (r.id, r.attempt) not in self._ran]
         self._claim_in_doubt = False
         for row in rows:
@@ -365,8 +378,12 @@ class WorkerService:
         end = AttemptEnd.TIMEOUT if result.timed_out else AttemptEnd.FAILED
         end = AttemptEnd.COMPLETED if result.succeeded else end
         decision = after_run(end, attempt, self._retry.overridden(row.settings.get("retry")), result.error)
-        bound.info("execution finished", status=end.value, duration=round(result.duration, 4),
-                   retry_in=round(decision.delay, 3) if decision.delay is not None else None)  # fmt: skip
+        bound.info(
+            "execution finished",
+            status=end.value,
+            duration=round(result.duration, 4),
+            retry_in=round(decision.delay, 3) if decision.delay is not None else None,
+        )
         await self._output.close(out)  # before the result: after it, the fenced append is refused
         self._results.put(Finished(eid, attempt, end, decision, result.to_json(), result.error, action=ref))
 
@@ -374,18 +391,30 @@ class WorkerService:
         metadata = row.settings
         timeout = float(metadata.get("timeout") or self.cfg.execution_timeout)
         if row.runner_type == "subprocess":
-            return await run_subprocess(metadata, row.parameters, timeout=timeout,
-                                        kill_grace=self.cfg.kill_grace, output_limit=self.cfg.output_limit,
-                                        on_output=on_output)  # fmt: skip
+            return await run_subprocess(
+                metadata,
+                row.parameters,
+                timeout=timeout,
+                kill_grace=self.cfg.kill_grace,
+                output_limit=self.cfg.output_limit,
+                on_output=on_output,
+            )
         definition = self._actions.get(row.action_ref)
         if definition is None:
             error = f"action {row.action_ref} has no code on worker {self.name}"
             return ActionResult(succeeded=False, exit_code=None, duration=0.0, error=error)
         if (metadata.get("isolation") or self.cfg.isolation) == "process":
-            return await run_isolated(definition, row.parameters, timeout=timeout, kill_grace=self.cfg.kill_grace,
-                                      lease=self._lease, output_limit=self.cfg.output_limit)  # fmt: skip
-        return await run_python(definition, row.parameters, timeout=timeout, executor=self._threads,
-                                output_limit=self.cfg.output_limit)  # fmt: skip
+            return await run_isolated(
+                definition,
+                row.parameters,
+                timeout=timeout,
+                kill_grace=self.cfg.kill_grace,
+                lease=self._lease,
+                output_limit=self.cfg.output_limit,
+            )
+        return await run_python(
+            definition, row.parameters, timeout=timeout, executor=self._threads, output_limit=self.cfg.output_limit
+        )
 
 
 def _cancelled(eid: int, attempt: int) -> Finished:

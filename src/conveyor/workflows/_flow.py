@@ -60,8 +60,11 @@ def enter(w: Working, name: str, arrivals: tuple[str, ...], force: bool = False)
     if its join is satisfied."""
     iteration = w.latest.get(name, -1) + 1
     if iteration >= w.spec.max_iterations:
-        w.fail((name, iteration), f"task {name!r} would run more than {w.spec.max_iterations} times "
-               "(max_iterations)", type="iterations")  # fmt: skip
+        w.fail(
+            (name, iteration),
+            f"task {name!r} would run more than {w.spec.max_iterations} times (max_iterations)",
+            type="iterations",
+        )
         return
     run = w.put_task(TaskRun(name, iteration, "waiting", arrivals))
     if ready(w, run):
@@ -128,8 +131,9 @@ def start(w: Working, key: TaskKey, force: bool = False) -> None:
         else:
             params = parameters(w, key, spec, None, None)
             w.put_task(replace(run, status="running"))
-            w.request(NewChild(run.name, run.iteration, None, spec.action, params, 0,
-                               float(spec.delay or 0.0), spec.timeout))  # fmt: skip
+            w.request(
+                NewChild(run.name, run.iteration, None, spec.action, params, 0, float(spec.delay or 0.0), spec.timeout)
+            )
     except Stop:
         w.update_task(key, status="failed", error=w.errors[-1]["message"])
 
@@ -156,16 +160,16 @@ def start_items(w: Working, key: TaskKey, run: TaskRun, spec: TaskSpec) -> None:
         items = list(items)
     if not isinstance(items, list):
         expression = each.items if isinstance(each.items, str) else None
-        w.fail(key, f"with.items: expected a list, got {type(items).__name__}", expression=expression,
-               where="with.items")  # fmt: skip
+        w.fail(
+            key, f"with.items: expected a list, got {type(items).__name__}", expression=expression, where="with.items"
+        )
         raise Stop
     concurrency = None
     if each.concurrency is not None:
         value = w.evaluate(each.concurrency, w.scope(), key, "with.concurrency")
         concurrency = _positive_int(value)
         if concurrency is None:
-            w.fail(key, f"with.concurrency: expected a positive integer, got {value!r}",
-                   where="with.concurrency")  # fmt: skip
+            w.fail(key, f"with.concurrency: expected a positive integer, got {value!r}", where="with.concurrency")
             raise Stop
     w.put_task(replace(run, status="running", items_total=len(items), items=items, concurrency=concurrency))
     if not items:
@@ -204,8 +208,13 @@ def settle(w: Working, key: TaskKey, delay: float = 0.0) -> None:
         return
     if tally.failed:
         results, first = item_results(w, run, total)
-        end_task(w, key, "failed", results, f"{tally.failed} of {total} items failed; item {first}: "
-                 f"{error_of(results[first])}")  # fmt: skip
+        end_task(
+            w,
+            key,
+            "failed",
+            results,
+            f"{tally.failed} of {total} items failed; item {first}: {error_of(results[first])}",
+        )
     elif tally.dispatched >= total:
         end_task(w, key, "succeeded", item_results(w, run, total)[0], None)
     elif run.error is not None:

@@ -176,8 +176,9 @@ def retry(w: Working, d: Dispatch, task_key: TaskKey, value: Any, status: Dispat
         params = parameters(w, task_key, spec, d.index, run.items)
     except Stop:
         return False
-    child = NewChild(d.task, d.iteration, d.index, spec.action, params, d.retry + 1,
-                     retry_delay(policy, d.retry), spec.timeout)  # fmt: skip
+    child = NewChild(
+        d.task, d.iteration, d.index, spec.action, params, d.retry + 1, retry_delay(policy, d.retry), spec.timeout
+    )
     w.request(child, defer=w.paused)
     return True
 
@@ -280,8 +281,9 @@ def rerun(w: Working, event: Rerun) -> None:
         return
     ended = w.status in TERMINAL
     listed = set(event.tasks)
-    again = [w.tasks[k] for k in event.tasks
-             if k in w.tasks and w.tasks[k].status == "failed" and w.latest.get(k[0]) == k[1]]  # fmt: skip
+    again = [
+        w.tasks[k] for k in event.tasks if k in w.tasks and w.tasks[k].status == "failed" and w.latest.get(k[0]) == k[1]
+    ]
     if not again and not ended:
         return  # nothing failed is left to start (a replay): the end is decided as usual
     w.status = "running"

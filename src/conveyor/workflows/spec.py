@@ -168,8 +168,13 @@ def _task_json(task: TaskSpec) -> dict[str, Any]:
         out["with"] = {"items": w.items, "var": w.var, "concurrency": w.concurrency}
     if task.retry is not None:
         r = task.retry
-        out["retry"] = {"count": r.count, "when": r.when, "delay": r.delay, "backoff": r.backoff,
-                        "max_delay": r.max_delay}  # fmt: skip
+        out["retry"] = {
+            "count": r.count,
+            "when": r.when,
+            "delay": r.delay,
+            "backoff": r.backoff,
+            "max_delay": r.max_delay,
+        }
     return out
 
 

@@ -100,13 +100,23 @@ async def event(conn: Any, eid: int) -> dict[str, Any]:
         for f in enforcements
         if f["execution"]
     )
-    return {"event": row, "payload": Shown.of(pretty(row["payload"])), "enforcements": enforcements,
-            "replays": replays, "final": final}  # fmt: skip
+    return {
+        "event": row,
+        "payload": Shown.of(pretty(row["payload"])),
+        "enforcements": enforcements,
+        "replays": replays,
+        "final": final,
+    }
 
 
 async def enforcements(conn: Any, filters: EnforcementFilters, page: bool = True) -> dict[str, Any]:
-    params = {"outcome": filters.outcome, "rule_ref": filters.rule, "event": None, "before": filters.before,
-              "limit": PAGE}  # fmt: skip
+    params = {
+        "outcome": filters.outcome,
+        "rule_ref": filters.rule,
+        "event": None,
+        "before": filters.before,
+        "limit": PAGE,
+    }
     rows = await (await conn.execute(Q["dash_enforcements"], params)).fetchall()
     older = filters.query(before=rows[-1]["id"]) if len(rows) == PAGE else None
     values = {"enforcements": rows, "older": older, "filters": filters, "outcomes": OUTCOMES}
@@ -128,14 +138,19 @@ async def rule(conn: Any, ref: str) -> dict[str, Any]:
         raise NotFound(f"no rule {ref[:255]}")
     params = {"outcome": None, "rule_ref": ref, "event": None, "before": None, "limit": DETAIL_ROWS}
     recent = await (await conn.execute(Q["dash_enforcements"], params)).fetchall()
-    return {"rule": row, "criteria": Shown.of(pretty(row["criteria"])),
-            "parameters": Shown.of(pretty(row["parameters"])), "enforcements": recent}  # fmt: skip
+    return {
+        "rule": row,
+        "criteria": Shown.of(pretty(row["criteria"])),
+        "parameters": Shown.of(pretty(row["parameters"])),
+        "enforcements": recent,
+    }
 
 
 async def triggers(conn: Any) -> dict[str, Any]:
     rows = await (await conn.execute(Q["dash_triggers"])).fetchall()
-    shown = [{**t, "schema": None if t["payload_schema"] is None else Shown.of(pretty(t["payload_schema"]))}
-             for t in rows]  # fmt: skip
+    shown = [
+        {**t, "schema": None if t["payload_schema"] is None else Shown.of(pretty(t["payload_schema"]))} for t in rows
+    ]
     return {"triggers": shown, "webhooks": await (await conn.execute(Q["dash_webhooks"])).fetchall()}
 
 

@@ -38,8 +38,14 @@ async def policies(conn: Any) -> dict[str, Any]:
             group_label(q["group_key"]), {"waiting": q["waiting"], "rows": []}
         )
         group["rows"].append(q)
-    return {"policies": rows, "held": held, "queues": waiting, "queue_shown": QUEUE_SHOWN,
-            "slots_shown": SLOTS_SHOWN, "slots_cut": len(slots) == SLOTS_SHOWN}  # fmt: skip
+    return {
+        "policies": rows,
+        "held": held,
+        "queues": waiting,
+        "queue_shown": QUEUE_SHOWN,
+        "slots_shown": SLOTS_SHOWN,
+        "slots_cut": len(slots) == SLOTS_SHOWN,
+    }
 
 
 def offering(action: Mapping[str, Any], live: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -66,5 +72,12 @@ async def action(conn: Any, ref: str) -> dict[str, Any]:
     live = list(await (await conn.execute(Q["live_workers"])).fetchall())
     hour = {c["status"]: c["n"] for c in await (await conn.execute(Q["dash_action_hour"], {"ref": ref})).fetchall()}
     recent = await (await conn.execute(Q["dash_action_recent"], {"ref": ref, "limit": RECENT})).fetchall()
-    return {"action": row, "schema_text": pretty(row["parameters_schema"]), "metadata_text": pretty(row["metadata"]),
-            "workers": offering(row, live), "hour": hour, "recent": recent, "recent_limit": RECENT}  # fmt: skip
+    return {
+        "action": row,
+        "schema_text": pretty(row["parameters_schema"]),
+        "metadata_text": pretty(row["metadata"]),
+        "workers": offering(row, live),
+        "hour": hour,
+        "recent": recent,
+        "recent_limit": RECENT,
+    }

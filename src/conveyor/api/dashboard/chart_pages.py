@@ -30,32 +30,53 @@ async def chart_values(conn: Any) -> dict[str, Any]:
     completed = [r["completed"] for r in finished]
     failed = [r["failed"] for r in finished]
     throughput = charts.time_bars(
-        "throughput", "Finished per minute",
+        "throughput",
+        "Finished per minute",
         f"Executions finished in each minute of the last hour: {sum(completed)} completed, {sum(failed)} failed "
         "(failed, timeout or abandoned).",
-        times, [Series("completed", "completed", completed), Series("failed", "failed", failed)])  # fmt: skip
+        times,
+        [Series("completed", "completed", completed), Series("failed", "failed", failed)],
+    )
     failures = charts.time_bars(
-        "failures", "Failures per minute",
+        "failures",
+        "Failures per minute",
         f"Executions that failed, timed out or were abandoned in each minute of the last hour: {sum(failed)}.",
-        times, [Series("failed", "failed", failed)])  # fmt: skip
+        times,
+        [Series("failed", "failed", failed)],
+    )
     p50, p95 = [r["p50"] for r in latency], [r["p95"] for r in latency]
     samples = sum(r["samples"] for r in latency)
     lines = charts.time_lines(
-        "latency", "Request to start",
+        "latency",
+        "Request to start",
         f"p50 and p95 of the seconds from request to first start, per minute of the last hour ({samples} starts).",
-        [r["minute"] for r in latency], [Series("p50", "p50", p50), Series("p95", "p95", p95)],
-        fmt=seconds)  # fmt: skip
+        [r["minute"] for r in latency],
+        [Series("p50", "p50", p50), Series("p95", "p95", p95)],
+        fmt=seconds,
+    )
     shown, rest = queue[:QUEUE_ACTIONS], queue[QUEUE_ACTIONS:]
     depth = charts.category_bars(
-        "queue", "Queue depth by action",
+        "queue",
+        "Queue depth by action",
         f"Executions waiting now, per action: {sum(r['requested'] for r in shown)} requested, "
         f"{sum(r['scheduled'] for r in shown)} scheduled (the {QUEUE_ACTIONS} deepest queues).",
         [r["action_ref"] for r in shown],
-        [Series("requested", "requested", [r["requested"] for r in shown]),
-         Series("scheduled", "scheduled", [r["scheduled"] for r in shown])])  # fmt: skip
-    return {"throughput": throughput, "failures": failures, "latency": lines, "queue": depth,
-            "more_queues": bool(rest), "at": finished[-1]["at"] if finished else None,
-            "completed": sum(completed), "failed": sum(failed), "samples": samples}  # fmt: skip
+        [
+            Series("requested", "requested", [r["requested"] for r in shown]),
+            Series("scheduled", "scheduled", [r["scheduled"] for r in shown]),
+        ],
+    )
+    return {
+        "throughput": throughput,
+        "failures": failures,
+        "latency": lines,
+        "queue": depth,
+        "more_queues": bool(rest),
+        "at": finished[-1]["at"] if finished else None,
+        "completed": sum(completed),
+        "failed": sum(failed),
+        "samples": samples,
+    }
 
 
 def _charts_loader(request: Request) -> Loader:

@@ -24,8 +24,14 @@ PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 GRID = "#e3e7ee"
 MUTED = "#667085"
 # One colour per series kind: the legend, the bars and the table's swatches agree.
-COLOURS = {"completed": "#137333", "failed": "#b3261e", "p50": "#2457c5", "p95": "#b25e09",
-           "requested": "#5f6b7a", "scheduled": "#2457c5"}  # fmt: skip
+COLOURS = {
+    "completed": "#137333",
+    "failed": "#b3261e",
+    "p50": "#2457c5",
+    "p95": "#b25e09",
+    "requested": "#5f6b7a",
+    "scheduled": "#2457c5",
+}
 _KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 
 Format = Callable[[float], str]
@@ -81,20 +87,43 @@ def _frame(key: str, title: str, desc: str, ticks: list[float], fmt: Format, bod
     for tick in ticks:
         y = _num(_y(tick, top))
         grid.append(_el("line", {"x1": LEFT, "x2": WIDTH - RIGHT, "y1": y, "y2": y, "stroke": GRID}))
-        grid.append(_el("text", {"x": LEFT - 6, "y": y, "dy": "0.32em", "text-anchor": "end", "font-size": 11,
-                                 "fill": MUTED}, fmt(tick)))  # fmt: skip
-    return _el("svg", {"viewBox": f"0 0 {WIDTH} {HEIGHT}", "width": "100%", "role": "img",
-                       "aria-labelledby": f"{key}-title {key}-desc", "class": "chart-svg",
-                       "xmlns": "http://www.w3.org/2000/svg", "font-family": "system-ui, sans-serif"},
-               _el("title", {"id": f"{key}-title"}, title), _el("desc", {"id": f"{key}-desc"}, desc),
-               *grid, *body)  # fmt: skip
+        grid.append(
+            _el(
+                "text",
+                {"x": LEFT - 6, "y": y, "dy": "0.32em", "text-anchor": "end", "font-size": 11, "fill": MUTED},
+                fmt(tick),
+            )
+        )
+    return _el(
+        "svg",
+        {
+            "viewBox": f"0 0 {WIDTH} {HEIGHT}",
+            "width": "100%",
+            "role": "img",
+            "aria-labelledby": f"{key}-title {key}-desc",
+            "class": "chart-svg",
+            "xmlns": "http://www.w3.org/2000/svg",
+            "font-family": "system-ui, sans-serif",
+        },
+        _el("title", {"id": f"{key}-title"}, title),
+        _el("desc", {"id": f"{key}-desc"}, desc),
+        *grid,
+        *body,
+    )
 
 
 def _legend(series: Sequence[Series]) -> Markup:
-    items = [_el("li", {"class": f"legend-{s.kind}"},
-                 Markup('<svg viewBox="0 0 10 10" width="10" height="10" aria-hidden="true">')
-                 + _el("rect", {"width": 10, "height": 10, "fill": COLOURS.get(s.kind, MUTED)}) + Markup("</svg> "),
-                 s.name) for s in series]  # fmt: skip
+    items = [
+        _el(
+            "li",
+            {"class": f"legend-{s.kind}"},
+            Markup('<svg viewBox="0 0 10 10" width="10" height="10" aria-hidden="true">')
+            + _el("rect", {"width": 10, "height": 10, "fill": COLOURS.get(s.kind, MUTED)})
+            + Markup("</svg> "),
+            s.name,
+        )
+        for s in series
+    ]
     return _el("ul", {"class": "chart-legend"}, *items)
 
 
@@ -105,22 +134,42 @@ def _table(key: str, caption: str, head: str, labels: Sequence[str], series: Seq
         cells = [s.values[i] for s in series]
         if all(v is None or v == 0 for v in cells):
             continue
-        rows.append(_el("tr", None, _el("th", {"scope": "row"}, label),
-                        *(_el("td", {"class": "num"}, "—" if v is None else fmt(v)) for v in cells)))  # fmt: skip
+        rows.append(
+            _el(
+                "tr",
+                None,
+                _el("th", {"scope": "row"}, label),
+                *(_el("td", {"class": "num"}, "—" if v is None else fmt(v)) for v in cells),
+            )
+        )
     if not rows:
         rows.append(_el("tr", None, _el("td", {"colspan": len(series) + 1, "class": "muted"}, "nothing to show")))
-    header = _el("tr", None, _el("th", {"scope": "col"}, head),
-                 *(_el("th", {"scope": "col", "class": "num"}, s.name) for s in series))  # fmt: skip
-    return _el("details", {"class": "chart-numbers", "id": f"{key}-numbers"}, _el("summary", None, "Numbers"),
-               _el("table", {"class": "list"}, _el("caption", None, caption), _el("thead", None, header),
-                   _el("tbody", None, *rows)))  # fmt: skip
+    header = _el(
+        "tr",
+        None,
+        _el("th", {"scope": "col"}, head),
+        *(_el("th", {"scope": "col", "class": "num"}, s.name) for s in series),
+    )
+    return _el(
+        "details",
+        {"class": "chart-numbers", "id": f"{key}-numbers"},
+        _el("summary", None, "Numbers"),
+        _el(
+            "table",
+            {"class": "list"},
+            _el("caption", None, caption),
+            _el("thead", None, header),
+            _el("tbody", None, *rows),
+        ),
+    )
 
 
 def _figure(key: str, title: str, svg: Markup, series: Sequence[Series], table: Markup) -> Markup:
     if not _KEY.match(key):
         raise ValueError(f"chart key {key!r}: lower-case letters, digits and dashes")
-    return _el("figure", {"class": "chart", "id": f"chart-{key}"},
-               _el("figcaption", None, title), svg, _legend(series), table)  # fmt: skip
+    return _el(
+        "figure", {"class": "chart", "id": f"chart-{key}"}, _el("figcaption", None, title), svg, _legend(series), table
+    )
 
 
 def minute(at: datetime) -> str:
@@ -137,13 +186,21 @@ def _time_axis(times: Sequence[datetime], every: int) -> list[Markup]:
         if i != len(times) - 1 and len(times) - 1 - i < every // 2:
             continue  # too close to the last label: they would overlap
         x = _num(LEFT + slot * (i + 0.5))
-        marks.append(_el("text", {"x": x, "y": HEIGHT - 10, "text-anchor": "middle", "font-size": 11, "fill": MUTED},
-                         minute(at)))  # fmt: skip
+        marks.append(
+            _el("text", {"x": x, "y": HEIGHT - 10, "text-anchor": "middle", "font-size": 11, "fill": MUTED}, minute(at))
+        )
     return marks
 
 
-def time_bars(key: str, title: str, desc: str, times: Sequence[datetime], series: Sequence[Series],
-              fmt: Format = count, every: int = 10) -> Markup:  # fmt: skip
+def time_bars(
+    key: str,
+    title: str,
+    desc: str,
+    times: Sequence[datetime],
+    series: Sequence[Series],
+    fmt: Format = count,
+    every: int = 10,
+) -> Markup:
     """Stacked bars, one column per time bucket (the buckets are contiguous and in order)."""
     totals = [sum(s.values[i] or 0 for s in series) for i in range(len(times))]
     ticks = scale(max(totals, default=0), integer=True)
@@ -157,10 +214,22 @@ def time_bars(key: str, title: str, desc: str, times: Sequence[datetime], series
                 continue
             y0, y1 = _y(base, ticks[-1]), _y(base + value, ticks[-1])
             tip = f"{minute(at)} UTC · {s.name}: {fmt(value)}"
-            body.append(_el("rect", {"class": f"bar bar-{s.kind}", "x": _num(LEFT + slot * i + slot * 0.1),
-                                     "y": _num(y1), "width": _num(slot * 0.8), "height": _num(y0 - y1),
-                                     "fill": COLOURS.get(s.kind, MUTED), "data-value": fmt(value),
-                                     "data-time": minute(at)}, _el("title", None, tip)))  # fmt: skip
+            body.append(
+                _el(
+                    "rect",
+                    {
+                        "class": f"bar bar-{s.kind}",
+                        "x": _num(LEFT + slot * i + slot * 0.1),
+                        "y": _num(y1),
+                        "width": _num(slot * 0.8),
+                        "height": _num(y0 - y1),
+                        "fill": COLOURS.get(s.kind, MUTED),
+                        "data-value": fmt(value),
+                        "data-time": minute(at),
+                    },
+                    _el("title", None, tip),
+                )
+            )
             base += value
     body += _time_axis(times, every)
     labels = [minute(t) for t in times]
@@ -168,8 +237,15 @@ def time_bars(key: str, title: str, desc: str, times: Sequence[datetime], series
     return _figure(key, title, svg, series, _table(key, title, "minute (UTC)", labels, series, fmt))
 
 
-def time_lines(key: str, title: str, desc: str, times: Sequence[datetime], series: Sequence[Series],
-               fmt: Format = count, every: int = 10) -> Markup:  # fmt: skip
+def time_lines(
+    key: str,
+    title: str,
+    desc: str,
+    times: Sequence[datetime],
+    series: Sequence[Series],
+    fmt: Format = count,
+    every: int = 10,
+) -> Markup:
     """Lines over time buckets, broken where a bucket has no value, with a dot (and its
     tooltip) on every value."""
     present = [v for s in series for v in s.values if v is not None]
@@ -186,20 +262,44 @@ def time_lines(key: str, title: str, desc: str, times: Sequence[datetime], serie
             x, y = _num(LEFT + slot * (i + 0.5)), _num(_y(value, ticks[-1]))
             runs[-1].append(f"{x},{y}")
             tip = f"{minute(times[i])} UTC · {s.name}: {fmt(value)}"
-            body.append(_el("circle", {"class": f"dot dot-{s.kind}", "cx": x, "cy": y, "r": 2.5, "fill": colour,
-                                       "data-value": fmt(value), "data-time": minute(times[i])},
-                            _el("title", None, tip)))  # fmt: skip
+            body.append(
+                _el(
+                    "circle",
+                    {
+                        "class": f"dot dot-{s.kind}",
+                        "cx": x,
+                        "cy": y,
+                        "r": 2.5,
+                        "fill": colour,
+                        "data-value": fmt(value),
+                        "data-time": minute(times[i]),
+                    },
+                    _el("title", None, tip),
+                )
+            )
         for run in runs:
             if len(run) > 1:
-                body.insert(0, _el("polyline", {"class": f"line line-{s.kind}", "points": " ".join(run),
-                                                "fill": "none", "stroke": colour, "stroke-width": 1.5}))  # fmt: skip
+                body.insert(
+                    0,
+                    _el(
+                        "polyline",
+                        {
+                            "class": f"line line-{s.kind}",
+                            "points": " ".join(run),
+                            "fill": "none",
+                            "stroke": colour,
+                            "stroke-width": 1.5,
+                        },
+                    ),
+                )
     body += _time_axis(times, every)
     svg = _frame(key, title, desc, ticks, fmt, body)
     return _figure(key, title, svg, series, _table(key, title, "minute (UTC)", [minute(t) for t in times], series, fmt))
 
 
-def category_bars(key: str, title: str, desc: str, labels: Sequence[str], series: Sequence[Series],
-                  fmt: Format = count) -> Markup:  # fmt: skip
+def category_bars(
+    key: str, title: str, desc: str, labels: Sequence[str], series: Sequence[Series], fmt: Format = count
+) -> Markup:
     """Horizontal stacked bars, one row per label (an action's ref), scale along the top."""
     totals = [sum(s.values[i] or 0 for s in series) for i in range(len(labels))]
     ticks = scale(max(totals, default=0), integer=True)
@@ -210,30 +310,78 @@ def category_bars(key: str, title: str, desc: str, labels: Sequence[str], series
     for tick in ticks:
         x = _num(left + tick / ticks[-1] * width)
         body.append(_el("line", {"x1": x, "x2": x, "y1": TOP, "y2": height - BOTTOM, "stroke": GRID}))
-        body.append(_el("text", {"x": x, "y": height - 10, "text-anchor": "middle", "font-size": 11, "fill": MUTED},
-                        fmt(tick)))  # fmt: skip
+        body.append(
+            _el("text", {"x": x, "y": height - 10, "text-anchor": "middle", "font-size": 11, "fill": MUTED}, fmt(tick))
+        )
     for i, label in enumerate(labels):
         y = TOP + row * i
         shown = label if len(label) <= 30 else label[:29] + "…"
-        body.append(_el("text", {"x": left - 6, "y": _num(y + row / 2), "dy": "0.32em", "text-anchor": "end",
-                                 "font-size": 12, "fill": "#1d2430"}, _el("title", None, label), shown))  # fmt: skip
+        body.append(
+            _el(
+                "text",
+                {
+                    "x": left - 6,
+                    "y": _num(y + row / 2),
+                    "dy": "0.32em",
+                    "text-anchor": "end",
+                    "font-size": 12,
+                    "fill": "#1d2430",
+                },
+                _el("title", None, label),
+                shown,
+            )
+        )
         base = 0.0
         for s in series:
             value = s.values[i] or 0
             if value <= 0:
                 continue
             x0, w = left + base / ticks[-1] * width, value / ticks[-1] * width
-            body.append(_el("rect", {"class": f"bar bar-{s.kind}", "x": _num(x0), "y": _num(y + 3),
-                                     "width": _num(w), "height": row - 6, "fill": COLOURS.get(s.kind, MUTED),
-                                     "data-value": fmt(value), "data-label": label},
-                            _el("title", None, f"{label} · {s.name}: {fmt(value)}")))  # fmt: skip
+            body.append(
+                _el(
+                    "rect",
+                    {
+                        "class": f"bar bar-{s.kind}",
+                        "x": _num(x0),
+                        "y": _num(y + 3),
+                        "width": _num(w),
+                        "height": row - 6,
+                        "fill": COLOURS.get(s.kind, MUTED),
+                        "data-value": fmt(value),
+                        "data-label": label,
+                    },
+                    _el("title", None, f"{label} · {s.name}: {fmt(value)}"),
+                )
+            )
             base += value
     if not labels:
-        body.append(_el("text", {"x": left + width / 2, "y": TOP + row / 2, "dy": "0.32em", "text-anchor": "middle",
-                                 "font-size": 12, "fill": MUTED}, "nothing waiting"))  # fmt: skip
-    svg = _el("svg", {"viewBox": f"0 0 {WIDTH} {height}", "width": "100%", "role": "img",
-                      "aria-labelledby": f"{key}-title {key}-desc", "class": "chart-svg",
-                      "xmlns": "http://www.w3.org/2000/svg", "font-family": "system-ui, sans-serif"},
-              _el("title", {"id": f"{key}-title"}, title), _el("desc", {"id": f"{key}-desc"}, desc),
-              *body)  # fmt: skip
+        body.append(
+            _el(
+                "text",
+                {
+                    "x": left + width / 2,
+                    "y": TOP + row / 2,
+                    "dy": "0.32em",
+                    "text-anchor": "middle",
+                    "font-size": 12,
+                    "fill": MUTED,
+                },
+                "nothing waiting",
+            )
+        )
+    svg = _el(
+        "svg",
+        {
+            "viewBox": f"0 0 {WIDTH} {height}",
+            "width": "100%",
+            "role": "img",
+            "aria-labelledby": f"{key}-title {key}-desc",
+            "class": "chart-svg",
+            "xmlns": "http://www.w3.org/2000/svg",
+            "font-family": "system-ui, sans-serif",
+        },
+        _el("title", {"id": f"{key}-title"}, title),
+        _el("desc", {"id": f"{key}-desc"}, desc),
+        *body,
+    )
     return _figure(key, title, svg, series, _table(key, title, "action", labels, series, fmt))

@@ -72,8 +72,13 @@ class ExecutionFilters:
         return cls(status, _text(params, "action"), _text(params, "worker"), before, problems, found)
 
     def query(self, **changes: Any) -> str:
-        values = {"status": self.status, "action": self.action, "worker": self.worker, **self.search.query(),
-                  "before": self.before}  # fmt: skip
+        values = {
+            "status": self.status,
+            "action": self.action,
+            "worker": self.worker,
+            **self.search.query(),
+            "before": self.before,
+        }
         values.update(changes)
         return urlencode({k: v for k, v in values.items() if v is not None})
 
@@ -120,22 +125,41 @@ async def overview(conn: Any) -> dict[str, Any]:
         "cordoned": sum(w["cordoned"] and w["status"] != "inactive" for w in fleet),
     }
     unfinished = sum(n for s, n in counts.items() if s not in FINISHED)
-    return {"counts": counts, "unfinished": unfinished, "total": sum(counts.values()), "rates": rates,
-            "dlq": dlq, "workers": tally}  # fmt: skip
+    return {
+        "counts": counts,
+        "unfinished": unfinished,
+        "total": sum(counts.values()),
+        "rates": rates,
+        "dlq": dlq,
+        "workers": tally,
+    }
 
 
 async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
     statuses = [filters.status] if filters.status else None
     found = filters.search
-    params = {"statuses": statuses, "action": filters.action, "worker": filters.worker, "since": found.since,
-              "until": found.until, "before": filters.before, "limit": PAGE, "with_result": False}  # fmt: skip
+    params = {
+        "statuses": statuses,
+        "action": filters.action,
+        "worker": filters.worker,
+        "since": found.since,
+        "until": found.until,
+        "before": filters.before,
+        "limit": PAGE,
+        "with_result": False,
+    }
     floor = await search.window(conn, filters.before, found.wanted, found.error)
     params.update(search.search_params(found.wanted, found.error, floor))
     rows = await (await conn.execute(Q["api_list_executions"], params)).fetchall()
     cursor = search.next_cursor(rows, PAGE, floor)
     older = filters.query(before=cursor) if cursor is not None else None
-    return {"executions": rows, "older": older, "floor": floor, "admission": await admission_waiting(conn, rows),
-            "finished_statuses": FINISHED}  # fmt: skip
+    return {
+        "executions": rows,
+        "older": older,
+        "floor": floor,
+        "admission": await admission_waiting(conn, rows),
+        "finished_statuses": FINISHED,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +212,20 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     admission = admission_view(await (await conn.execute(Q["admission_of"], {"id": eid})).fetchone())
     if origin is not None and origin["enforcement"] is None and origin["schedule"] is None:
         origin = None
-    return {"execution": row, "attempts": attempts, "parameters": Shown.of(pretty(row["parameters"])),
-            "output": _output(row["result"]), "final": final, "workflow": await workflow_of(conn, eid),
-            "children": children, "children_more": len(children) == PAGE, "inquiry": inquiry,
-            "origin": origin, "finished_statuses": FINISHED,
-            "admission": admission}  # fmt: skip
+    return {
+        "execution": row,
+        "attempts": attempts,
+        "parameters": Shown.of(pretty(row["parameters"])),
+        "output": _output(row["result"]),
+        "final": final,
+        "workflow": await workflow_of(conn, eid),
+        "children": children,
+        "children_more": len(children) == PAGE,
+        "inquiry": inquiry,
+        "origin": origin,
+        "finished_statuses": FINISHED,
+        "admission": admission,
+    }
 
 
 async def actions(conn: Any) -> list[dict[str, Any]]:
@@ -200,8 +233,14 @@ async def actions(conn: Any) -> list[dict[str, Any]]:
 
 
 async def dead_letters(conn: Any, filters: DeadLetterFilters) -> dict[str, Any]:
-    params = {"reason": filters.reason, "resolution": filters.resolution, "execution": None, "queue": None,
-              "since": None, "limit": PAGE}  # fmt: skip
+    params = {
+        "reason": filters.reason,
+        "resolution": filters.resolution,
+        "execution": None,
+        "queue": None,
+        "since": None,
+        "limit": PAGE,
+    }
     rows = await (await conn.execute(Q["list_dead_letters"], params)).fetchall()
     stats = await (await conn.execute(Q["dead_letter_stats"])).fetchone()
     return {"dead_letters": rows, "stats": stats, "limit": PAGE}
@@ -224,6 +263,11 @@ async def inquiry(conn: Any, iid: int) -> dict[str, Any]:
     if row is None:
         raise NotFound(f"no inquiry {iid}")
     responses = await (await conn.execute(Q["inquiry_responses"], {"id": iid})).fetchall()
-    return {"inquiry": row, "responses": responses, "fields": answer_fields(row["schema"]),
-            "schema_text": pretty(row["schema"]), "response_text": pretty(row["response"]),
-            "final": row["status"] != "pending"}  # fmt: skip
+    return {
+        "inquiry": row,
+        "responses": responses,
+        "fields": answer_fields(row["schema"]),
+        "schema_text": pretty(row["schema"]),
+        "response_text": pretty(row["response"]),
+        "final": row["status"] != "pending",
+    }

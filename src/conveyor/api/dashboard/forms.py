@@ -15,10 +15,23 @@ from typing import Any
 
 _SIMPLE = {"string", "number", "integer", "boolean"}
 # Keywords a field can honour or safely leave to the server's check.
-_FIELD_KEYS = {"type", "enum", "title", "description", "default", "minimum", "maximum", "minLength", "maxLength",
-               "pattern", "format", "const", "examples", "$comment"}  # fmt: skip
-_OBJECT_KEYS = {"type", "properties", "required", "additionalProperties", "title", "description", "$schema",
-                "$comment"}  # fmt: skip
+_FIELD_KEYS = {
+    "type",
+    "enum",
+    "title",
+    "description",
+    "default",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "const",
+    "examples",
+    "$comment",
+}
+_OBJECT_KEYS = {"type", "properties", "required", "additionalProperties", "title", "description", "$schema", "$comment"}
 
 
 @dataclass(frozen=True, slots=True)

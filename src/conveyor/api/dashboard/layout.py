@@ -166,8 +166,12 @@ def layout(graph: Graph) -> Layout:
     position: dict[str, float] = {}
     for i, row in enumerate(rows):
         if i > 0:
-            row.sort(key=lambda n: (sum(position[p] for p in parents[n]) / len(parents[n]) if parents[n] else
-                                    float("inf"), order[n]))  # fmt: skip
+            row.sort(
+                key=lambda n: (
+                    sum(position[p] for p in parents[n]) / len(parents[n]) if parents[n] else float("inf"),
+                    order[n],
+                )
+            )
         position.update((n, float(k)) for k, n in enumerate(row))
 
     widest = max((len(r) for r in rows), default=0)

@@ -59,8 +59,7 @@ class Search:
         return cls(since_text, since, until_text, until, text, wanted, error)
 
     def query(self) -> dict[str, str | None]:
-        return {"since": self.since_text, "until": self.until_text, "parameters": self.parameters,
-                "error": self.error}  # fmt: skip
+        return {"since": self.since_text, "until": self.until_text, "parameters": self.parameters, "error": self.error}
 
     @property
     def active(self) -> bool:
@@ -71,11 +70,16 @@ def api_query(filters: Any) -> dict[str, str]:
     """The API list's query for the failed executions matching the list's filters: what
     "retry failed" reruns (the newest ``RETRY_LIMIT``)."""
     found: Search = filters.search
-    values = {"status": "failed", "action": filters.action, "worker": filters.worker,
-              "since": found.since.isoformat() if found.since else None,
-              "until": found.until.isoformat() if found.until else None,
-              "parameters": found.parameters if found.wanted is not None else None, "error": found.error,
-              "limit": str(RETRY_LIMIT)}  # fmt: skip
+    values = {
+        "status": "failed",
+        "action": filters.action,
+        "worker": filters.worker,
+        "since": found.since.isoformat() if found.since else None,
+        "until": found.until.isoformat() if found.until else None,
+        "parameters": found.parameters if found.wanted is not None else None,
+        "error": found.error,
+        "limit": str(RETRY_LIMIT),
+    }
     return {k: v for k, v in values.items() if v is not None}
 
 

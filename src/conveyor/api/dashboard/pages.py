@@ -95,10 +95,17 @@ def _executions_loader(request: Request, page: bool) -> Loader:
         if page:
             actions = await data.actions(conn)
             schemas = {a["ref"]: {"schema": a["parameters_schema"], "description": a["description"]} for a in actions}
-            values.update(actions=actions, schemas=schemas, statuses=data.STATUSES,
-                          worker_names=[w["name"] for w in await data.workers(conn)])  # fmt: skip
-            values.update(retry_query=urlencode(listing.api_query(filters)), retry_limit=listing.RETRY_LIMIT,
-                          search_scan=listing.SCAN)  # fmt: skip
+            values.update(
+                actions=actions,
+                schemas=schemas,
+                statuses=data.STATUSES,
+                worker_names=[w["name"] for w in await data.workers(conn)],
+            )
+            values.update(
+                retry_query=urlencode(listing.api_query(filters)),
+                retry_limit=listing.RETRY_LIMIT,
+                search_scan=listing.SCAN,
+            )
             values.update(request_ref=request.query_params.get("request"))  # /actions' "Request…" link
         return values
 
@@ -159,8 +166,12 @@ def _dead_letters_loader(request: Request) -> Loader:
     filters = DeadLetterFilters.parse(request.query_params)
 
     async def load(conn: Any) -> dict[str, Any]:
-        return {**await data.dead_letters(conn, filters), "filters": filters, "reasons": REASONS,
-                "resolutions": RESOLUTIONS}  # fmt: skip
+        return {
+            **await data.dead_letters(conn, filters),
+            "filters": filters,
+            "reasons": REASONS,
+            "resolutions": RESOLUTIONS,
+        }
 
     return load
 

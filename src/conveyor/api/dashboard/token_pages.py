@@ -27,8 +27,9 @@ async def _tokens(conn: Any) -> dict[str, Any]:
 async def tokens(request: Request) -> Response:
     principal = await principal_of(request)
     if principal is not None and principal.role < Role.admin:  # as GET /api/v1/tokens would answer
-        return render(request, "error.html", principal, status_code=403,
-                      message=f"{_NEEDS}; this token is {principal.role.name}")  # fmt: skip
+        return render(
+            request, "error.html", principal, status_code=403, message=f"{_NEEDS}; this token is {principal.role.name}"
+        )
     return await _view(request, "tokens.html", _tokens)
 
 

@@ -154,8 +154,15 @@ async def login(request: Request) -> Response:
         error = "invalid or revoked token" if token else "enter a token"
         return render(request, "login.html", None, status_code=401, next=target, error=error)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, token, max_age=COOKIE_SECONDS, path="/", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")  # fmt: skip
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=COOKIE_SECONDS,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

@@ -35,8 +35,14 @@ async def list_dead_letters(
     since: Annotated[float | None, Query(ge=0, le=10**9, description="seconds back")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[dict[str, Any]]:
-    params = {"reason": reason, "resolution": resolution, "execution": execution, "queue": queue,
-              "since": since, "limit": limit}  # fmt: skip
+    params = {
+        "reason": reason,
+        "resolution": resolution,
+        "execution": execution,
+        "queue": queue,
+        "since": since,
+        "limit": limit,
+    }
     async with ctx.pool.connection() as conn:
         return list(await (await conn.execute(Q["list_dead_letters"], params)).fetchall())
 

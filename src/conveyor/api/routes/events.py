@@ -86,8 +86,12 @@ async def list_events(
     return {"items": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
 
-@router.post("/replay", status_code=status.HTTP_201_CREATED, response_model=ReplayWindowOut,
-             responses={**WITH_BODY, 404: {"model": ErrorOut, "description": "unknown trigger"}})  # fmt: skip
+@router.post(
+    "/replay",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ReplayWindowOut,
+    responses={**WITH_BODY, 404: {"model": ErrorOut, "description": "unknown trigger"}},
+)
 async def replay_window(body: ReplayWindowIn, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Replay every event of ``trigger`` received in [since, until) (until: now), oldest
     first; replays are not replayed again. Answers the (original, replay) pairs."""

@@ -125,8 +125,16 @@ async def list_executions(
     ``next_cursor`` until it is null to search further back."""
     wanted = search.parse_parameters(parameters)
     term = search.error_term(error)
-    params = {"statuses": [s.value for s in status_] if status_ else None, "action": action, "worker": worker,
-              "since": since, "until": until, "before": before, "limit": limit, "with_result": True}  # fmt: skip
+    params = {
+        "statuses": [s.value for s in status_] if status_ else None,
+        "action": action,
+        "worker": worker,
+        "since": since,
+        "until": until,
+        "before": before,
+        "limit": limit,
+        "with_result": True,
+    }
     async with ctx.pool.connection() as conn:
         floor = await search.window(conn, before, wanted, term)
         params.update(search.search_params(wanted, term, floor))
@@ -158,8 +166,11 @@ async def stream(
             for row in await (await conn.execute(Q["executions_changed_late"], params)).fetchall():
                 sent[(row["id"], row["updated"])] = row["updated"]
     interval = ctx.settings.api.stream_interval
-    return StreamingResponse(_events(request, ctx, cursor, interval, sent), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+    return StreamingResponse(
+        _events(request, ctx, cursor, interval, sent),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 def _parse_cursor(value: str | None) -> tuple[datetime, int] | None:
@@ -250,8 +261,12 @@ async def cancel(execution_id: int, ctx: Ctx, principal: Operator, body: CancelI
     return {"id": eid, "status": now}
 
 
-@router.post("/{execution_id}/rerun", status_code=status.HTTP_201_CREATED, response_model=ExecutionOut,
-             responses={**ERRORS, 409: {"model": ErrorOut}})  # fmt: skip
+@router.post(
+    "/{execution_id}/rerun",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ExecutionOut,
+    responses={**ERRORS, 409: {"model": ErrorOut}},
+)
 async def rerun(execution_id: int, ctx: Ctx, principal: Operator, body: RerunIn | None = None) -> dict[str, Any]:
     """A new execution of the same action with the same parameters. With body
     ``{"from_failed": true}``, a failed (or cancelled) workflow from its failed tasks,

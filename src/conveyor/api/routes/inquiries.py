@@ -55,8 +55,9 @@ async def list_inquiries(
 ) -> dict[str, Any]:
     """Newest first; ``?status=pending`` for the ones waiting for an answer."""
     async with ctx.pool.connection() as conn:
-        rows = await (await conn.execute(Q["list_inquiries"], {"status": status, "before": before,
-                                                               "limit": limit})).fetchall()  # fmt: skip
+        rows = await (
+            await conn.execute(Q["list_inquiries"], {"status": status, "before": before, "limit": limit})
+        ).fetchall()
     return {"items": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
 

@@ -56,8 +56,14 @@ class OutputPage(BaseModel):
 
 def _chunk(row: dict[str, Any]) -> dict[str, Any]:
     data, encoding = output_text(bytes(row["data"]))
-    return {"id": row["id"], "attempt": row["attempt"], "stream": row["stream"], "encoding": encoding,
-            "data": data, "created": row["created"].isoformat()}  # fmt: skip
+    return {
+        "id": row["id"],
+        "attempt": row["attempt"],
+        "stream": row["stream"],
+        "encoding": encoding,
+        "data": data,
+        "created": row["created"].isoformat(),
+    }
 
 
 async def _read(ctx: ApiContext, eid: int, after: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
@@ -101,8 +107,11 @@ async def output_stream(
     if last_event_id is not None and last_event_id.strip().isdigit():
         after = max(after, min(int(last_event_id.strip()), MAX_ID))
     await _read(ctx, eid, after, 1)  # 404 now, not inside an open stream
-    return StreamingResponse(_events(request, ctx, eid, after), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+    return StreamingResponse(
+        _events(request, ctx, eid, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 async def _events(request: Request, ctx: ApiContext, eid: int, after: int) -> AsyncIterator[str]:

@@ -70,8 +70,9 @@ async def list_tokens(ctx: Ctx, _: Admin) -> list[dict[str, Any]]:
         return list(await (await conn.execute(Q["list_tokens"])).fetchall())
 
 
-@router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated, responses=WITH_BODY,
-             tags=["tokens"])  # fmt: skip
+@router.post(
+    "/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated, responses=WITH_BODY, tags=["tokens"]
+)
 async def new_token(body: TokenCreate, ctx: Ctx, _: Admin) -> dict[str, Any]:
     async with ctx.pool.connection() as conn:
         token, row = await create_token(conn, body.name, Role[body.role])

@@ -37,8 +37,13 @@ REGISTER_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RuleRegistered, responses=REGISTER_RESPONSES,
-             openapi_extra=RULE_BODY)  # fmt: skip
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RuleRegistered,
+    responses=REGISTER_RESPONSES,
+    openapi_extra=RULE_BODY,
+)
 async def register(request: Request, ctx: Ctx, _: Operator) -> dict[str, Any]:
     """Register (create or update) a rule; nothing is stored unless it is valid."""
     body = await request.body()

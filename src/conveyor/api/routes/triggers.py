@@ -68,8 +68,7 @@ async def create(body: TriggerCreate, ctx: Ctx, _: Operator, response: Response)
     return await _register(ctx, body.name, body, response)
 
 
-@router.put("/{name}", status_code=status.HTTP_201_CREATED, response_model=TriggerRegistered,
-            responses=REGISTER_ERRORS)  # fmt: skip
+@router.put("/{name}", status_code=status.HTTP_201_CREATED, response_model=TriggerRegistered, responses=REGISTER_ERRORS)
 async def put(name: str, body: TriggerIn, ctx: Ctx, _: Operator, response: Response) -> dict[str, Any]:
     """As ``POST /api/v1/triggers`` with the name in the path."""
     return await _register(ctx, name, body, response)

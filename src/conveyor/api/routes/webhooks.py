@@ -101,8 +101,11 @@ async def _accept(request: Request, ctx: ApiContext, hook: dict[str, Any]) -> JS
         sent = request.headers.get(hook["signature_header"])
         if not door.signature_ok(hook["secret"], body, hook["signature_prefix"], sent):
             which = "missing" if sent is None else "wrong"
-            raise door.Refusal(401, f"{which} signature: {hook['signature_header']} must be "
-                                    f"{hook['signature_prefix']}<HMAC-SHA256 of the body, hex>")  # fmt: skip
+            raise door.Refusal(
+                401,
+                f"{which} signature: {hook['signature_header']} must be "
+                f"{hook['signature_prefix']}<HMAC-SHA256 of the body, hex>",
+            )
     args = (body, request.headers.get("content-type"), ctx.settings.documents.limits())
     # Megabytes of JSON are CPU work: off the event loop, which answers /health/live.
     value = door.parse_body(*args) if len(body) <= INLINE_BYTES else await run_in_threadpool(door.parse_body, *args)
@@ -118,8 +121,9 @@ async def _accept(request: Request, ctx: ApiContext, hook: dict[str, Any]) -> JS
     return JSONResponse(answer, status_code=202, headers={REPEATED_HEADER: "true"} if row["repeated"] else None)
 
 
-@router.post("/{name}", status_code=202, response_model=WebhookAccepted, responses=DOOR_RESPONSES,
-             openapi_extra=DOOR_BODY)  # fmt: skip
+@router.post(
+    "/{name}", status_code=202, response_model=WebhookAccepted, responses=DOOR_RESPONSES, openapi_extra=DOOR_BODY
+)
 async def receive(name: str, request: Request, ctx: Ctx) -> JSONResponse:
     """The door: authenticated by the webhook's own auth (not the API's tokens). Emits one
     event ``{"body": <JSON body>, "headers": {...}}`` (source ``webhook``) on its trigger;

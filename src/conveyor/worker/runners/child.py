@@ -58,8 +58,9 @@ def resolve(entry_point: str) -> Any:
     return target
 
 
-def main(conn: Connection, entry_point: str, parameters: dict[str, Any], context: tuple[int, int, str],
-         deadline: Any) -> None:  # fmt: skip
+def main(
+    conn: Connection, entry_point: str, parameters: dict[str, Any], context: tuple[int, int, str], deadline: Any
+) -> None:
     """The child's target (on the fork server's side of ``multiprocessing``)."""
     lease = _Lease(deadline)
     lease.check()

@@ -99,8 +99,7 @@ class _Child:
     def start(self, target_args: tuple[Any, ...]) -> None:
         """Blocking (the fork server is asked over a socket): called in a thread."""
         reader, writer = _ctx.Pipe(duplex=False)
-        process = _ctx.Process(target=child.main, args=(writer, *target_args), daemon=False,
-                               name="conveyor-action")  # fmt: skip
+        process = _ctx.Process(target=child.main, args=(writer, *target_args), daemon=False, name="conveyor-action")
         try:
             process.start()
         except BaseException:
@@ -233,8 +232,14 @@ async def run_isolated(
 
     def failed(error: str, stderr: str = "", exit_code: int | None = None) -> ActionResult:
         text, cut = capped_text(stderr, output_limit)
-        return ActionResult(succeeded=False, exit_code=exit_code, duration=time.monotonic() - started,
-                            stderr=text, stderr_truncated=cut, error=clean_text(error, ERROR_LIMIT))  # fmt: skip
+        return ActionResult(
+            succeeded=False,
+            exit_code=exit_code,
+            duration=time.monotonic() - started,
+            stderr=text,
+            stderr_truncated=cut,
+            error=clean_text(error, ERROR_LIMIT),
+        )
 
     name = entry_point(definition)
     if name is None:
@@ -260,8 +265,13 @@ async def run_isolated(
     finally:
         proc.sweep()  # whatever the action started and left behind in its group
     if not finished:
-        return ActionResult(succeeded=False, exit_code=None, duration=time.monotonic() - started,
-                            error=f"timed out after {timeout:g}s", timed_out=True)  # fmt: skip
+        return ActionResult(
+            succeeded=False,
+            exit_code=None,
+            duration=time.monotonic() - started,
+            error=f"timed out after {timeout:g}s",
+            timed_out=True,
+        )
     if not proc.outcome.done():
         code = proc.exited.result()
         if code == child.LEASE_EXPIRED:
