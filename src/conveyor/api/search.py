@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.domain.documents import load_json
 from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 SCAN = 20_000  # ids a search examines per page
@@ -59,12 +60,15 @@ def error_term(text: str | None) -> str | None:
     return text or None
 
 
-async def window(conn: Any, before: int | None, parameters: Any, error: str | None) -> int | None:
+async def window(conn: AsyncConn, before: int | None, parameters: Any, error: str | None) -> int | None:
     """The floor of the id window a search examines (None: no search, no window)."""
     if parameters is None and error is None:
         return None
-    top = before if before is not None else int((await (await conn.execute(Q["execution_top_id"])).fetchone())["top"])
-    return max(top - SCAN, 1)
+    if before is None:
+        row = await (await conn.execute(Q["execution_top_id"])).fetchone()
+        assert row is not None  # an aggregate: one row, always
+        before = int(row["top"])
+    return max(before - SCAN, 1)
 
 
 def search_params(parameters: Any, error: str | None, floor: int | None) -> dict[str, Any]:

@@ -7,8 +7,6 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -22,7 +20,6 @@ from conveyor.config import LoadedSettings, load_settings
 from conveyor.domain.errors import SchemaTooNewError
 from conveyor.sdk import Client
 from conveyor.service.embedded import resolve_direct_url
-from conveyor.store.db import Row, connect_sync
 from conveyor.store.migrate import check_version, known_migrations
 
 # Tables keep their width when piped; errors are never wrapped mid-sentence.
@@ -149,21 +146,6 @@ def when(value: datetime | None) -> str:
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
 # Mutating commands: stdout then holds one JSON document and nothing else (docs: README, "--json").
 JsonResultOption = typer.Option(False, "--json", help="Print what was done as JSON (nothing else on stdout).")
-
-
-APPLICATION_NAME = "conveyor-cli"
-
-
-@contextmanager
-def sql_session() -> Iterator[psycopg.Connection[Row]]:
-    """An autocommit session for the commands that call SQL functions directly (purge).
-    A missing table (a database never migrated, or by an older Conveyor) is reported by
-    main: schema_problem."""
-    settings = state.loaded.settings
-    with connect_sync(
-        resolve_direct_url(settings), settings.database.schema_name, APPLICATION_NAME, autocommit=True
-    ) as conn:
-        yield conn
 
 
 def confirm(question: str, *, err: bool = False) -> bool:

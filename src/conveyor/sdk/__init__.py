@@ -36,8 +36,9 @@ from conveyor.sdk.schedules import ScheduleMethods
 from conveyor.sdk.tokens import TokenMethods
 from conveyor.sdk.webhooks import WebhookMethods
 from conveyor.sdk.workflows import WorkflowMethods
-from conveyor.store.db import connect_sync
+from conveyor.store.db import channel, connect_sync
 from conveyor.store.queries import Q
+from conveyor.store.wakeups import Topic
 from conveyor.verbs import executions
 from conveyor.verbs import inquiries as iv
 from conveyor.verbs import policies as pv
@@ -310,7 +311,7 @@ class Client(
         terminal one included: only the end is notified, so a caller that shows progress
         (``conveyor run --wait`` on a terminal) passes a shorter ``interval``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{self.schema}.completed")))
+        self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(self.schema, Topic.COMPLETED))))
         try:
             while True:
                 execution = self.get(execution_id, with_attempts=False)
@@ -325,4 +326,4 @@ class Client(
                 for _ in self.conn.notifies(timeout=wait, stop_after=1):
                     pass
         finally:
-            self.conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(f"{self.schema}.completed")))
+            self.conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel(self.schema, Topic.COMPLETED))))

@@ -25,6 +25,7 @@ import psycopg
 
 from conveyor.domain import events as ev
 from conveyor.sdk.callers import in_callers_transaction
+from conveyor.store.db import Conn
 from conveyor.store.queries import Q
 from conveyor.verbs import events as event_verbs
 from conveyor.verbs.drive import run
@@ -104,7 +105,7 @@ def replay_events(
 class EventMethods:
     """Part of :class:`conveyor.sdk.Client` (its connection: autocommit, search_path set)."""
 
-    conn: psycopg.Connection[Any]
+    conn: Conn
     schema: str
 
     def ago(self, interval: timedelta) -> datetime:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from conveyor.domain.errors import ExecutionNotFoundError
+from conveyor.store.db import Conn, channel
 from conveyor.store.queries import Q
+from conveyor.store.wakeups import Topic
 
 _PAGE = 1000
 _RECHECK = 1.0  # seconds between reads while nothing is heard (a NOTIFY lost with a connection)
@@ -39,7 +39,7 @@ class OutputChunk:
 
 
 class OutputMethods:
-    conn: psycopg.Connection[Any]
+    conn: Conn
     schema: str
 
     def output(self, execution_id: int, *, after: int = 0, limit: int = _PAGE) -> tuple[list[OutputChunk], bool]:
@@ -60,7 +60,7 @@ class OutputMethods:
         """Every chunk after ``after``; with ``follow``, then each new one as it is stored,
         until the execution has ended and all of it has been read (woken by NOTIFY)."""
         # New output, and the end (the last chunks are stored before the result).
-        channels = [sql.Identifier(f"{self.schema}.{name}") for name in ("output", "completed")]
+        channels = [sql.Identifier(channel(self.schema, topic)) for topic in (Topic.OUTPUT, Topic.COMPLETED)]
         if follow:
             for channel in channels:
                 self.conn.execute(sql.SQL("LISTEN {}").format(channel))

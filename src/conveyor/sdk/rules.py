@@ -16,11 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from conveyor.domain.documents import DEFAULT_LIMITS, Limits
 from conveyor.rules import parse
 from conveyor.rules.spec import RuleSpec
+from conveyor.store.db import Conn
 from conveyor.store.queries import Q
 from conveyor.verbs import rules as rule_verbs
 from conveyor.verbs.drive import run
@@ -37,7 +36,7 @@ def spec_of(rule: RuleSource, where: str = "", limits: Limits = DEFAULT_LIMITS) 
 
 
 class RuleMethods:
-    conn: psycopg.Connection[Any]
+    conn: Conn
     document_limits: Limits
 
     def register_rule(self, rule: RuleSource) -> dict[str, Any]:

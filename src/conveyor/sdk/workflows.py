@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import psycopg
-
 from conveyor.domain.documents import Limits
+from conveyor.store.db import Conn
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
 from conveyor.verbs import executions
@@ -48,7 +47,7 @@ def definition_of(workflow: str | Path | WorkflowSpec | Buildable, ref: str | No
 
 
 class WorkflowMethods:
-    conn: psycopg.Connection[Any]
+    conn: Conn
     document_limits: Limits
     verb_retries: int
     user: str | None

@@ -13,12 +13,13 @@ from fastapi.responses import Response
 
 from conveyor.api.dashboard import catalog
 from conveyor.api.dashboard.pages import Loader, _view
+from conveyor.store.db import AsyncConn
 
 router = APIRouter()
 
 
 def _action_loader(ref: str) -> Loader:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await catalog.action(conn, ref)
 
     return load

@@ -19,6 +19,7 @@ from conveyor.api.dashboard.data import FINISHED, PAGE, NotFound, Shown, _choice
 from conveyor.api.dashboard.web import pretty
 from conveyor.domain.ids import parse_id
 from conveyor.domain.schedules import InvalidScheduleError
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 from conveyor.verbs.schedules import next_fire_times
 
@@ -75,7 +76,7 @@ def positive_id(raw: str, what: str) -> int:
 # -- events -----------------------------------------------------------------------------
 
 
-async def events(conn: Any, filters: EventFilters, page: bool = True) -> dict[str, Any]:
+async def events(conn: AsyncConn, filters: EventFilters, page: bool = True) -> dict[str, Any]:
     """The page (``page``: with its filter's choices) or its live part (the rows only)."""
     params = {"trigger": filters.trigger, "before": filters.before, "limit": PAGE}
     rows = await (await conn.execute(Q["dash_events"], params)).fetchall()
@@ -86,7 +87,7 @@ async def events(conn: Any, filters: EventFilters, page: bool = True) -> dict[st
     return values
 
 
-async def event(conn: Any, eid: int) -> dict[str, Any]:
+async def event(conn: AsyncConn, eid: int) -> dict[str, Any]:
     row = await (await conn.execute(Q["dash_event"], {"id": eid})).fetchone()
     if row is None:
         raise NotFound(f"no event {eid}")
@@ -109,7 +110,7 @@ async def event(conn: Any, eid: int) -> dict[str, Any]:
     }
 
 
-async def enforcements(conn: Any, filters: EnforcementFilters, page: bool = True) -> dict[str, Any]:
+async def enforcements(conn: AsyncConn, filters: EnforcementFilters, page: bool = True) -> dict[str, Any]:
     params = {
         "outcome": filters.outcome,
         "rule_ref": filters.rule,
@@ -128,11 +129,11 @@ async def enforcements(conn: Any, filters: EnforcementFilters, page: bool = True
 # -- rules, triggers, webhooks ----------------------------------------------------------
 
 
-async def rules(conn: Any) -> dict[str, Any]:
+async def rules(conn: AsyncConn) -> dict[str, Any]:
     return {"rules": await (await conn.execute(Q["dash_rules"])).fetchall()}
 
 
-async def rule(conn: Any, ref: str) -> dict[str, Any]:
+async def rule(conn: AsyncConn, ref: str) -> dict[str, Any]:
     row = await (await conn.execute(Q["dash_rule"], {"ref": ref})).fetchone()
     if row is None:
         raise NotFound(f"no rule {ref[:255]}")
@@ -146,7 +147,7 @@ async def rule(conn: Any, ref: str) -> dict[str, Any]:
     }
 
 
-async def triggers(conn: Any) -> dict[str, Any]:
+async def triggers(conn: AsyncConn) -> dict[str, Any]:
     rows = await (await conn.execute(Q["dash_triggers"])).fetchall()
     shown = [
         {**t, "schema": None if t["payload_schema"] is None else Shown.of(pretty(t["payload_schema"]))} for t in rows
@@ -178,12 +179,12 @@ def _schedule_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {**row, "upcoming": upcoming(row, now), "overdue": overdue, "expression": expression}
 
 
-async def schedules(conn: Any) -> dict[str, Any]:
+async def schedules(conn: AsyncConn) -> dict[str, Any]:
     rows = await (await conn.execute(Q["dash_schedules"])).fetchall()
     return {"schedules": [_schedule_view(r) for r in rows]}
 
 
-async def schedule(conn: Any, name: str) -> dict[str, Any]:
+async def schedule(conn: AsyncConn, name: str) -> dict[str, Any]:
     row = await (await conn.execute(Q["dash_schedule"], {"name": name})).fetchone()
     if row is None:
         raise NotFound(f"no schedule {name[:255]}")

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from conveyor.api.dashboard import automation
 from conveyor.api.dashboard.automation import EnforcementFilters, EventFilters
 from conveyor.api.dashboard.pages import Loader, _view
+from conveyor.store.db import AsyncConn
 
 router = APIRouter()
 
@@ -23,7 +24,7 @@ router = APIRouter()
 def _events_loader(request: Request, page: bool = True) -> Loader:
     filters = EventFilters.parse(request.query_params)
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await automation.events(conn, filters, page)
 
     return load
@@ -40,7 +41,7 @@ async def events_live(request: Request) -> Response:
 
 
 def _event_loader(event_id: str) -> Loader:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await automation.event(conn, automation.positive_id(event_id, "event"))
 
     return load
@@ -62,7 +63,7 @@ async def event_live(request: Request, event_id: str) -> Response:
 def _enforcements_loader(request: Request, page: bool = True) -> Loader:
     filters = EnforcementFilters.parse(request.query_params)
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await automation.enforcements(conn, filters, page)
 
     return load
@@ -88,7 +89,7 @@ async def rules(request: Request) -> Response:
 
 @router.get("/rules/{ref}")
 async def rule(request: Request, ref: str) -> Response:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await automation.rule(conn, ref)
 
     return await _view(request, "rule.html", load)
@@ -113,7 +114,7 @@ async def schedules_live(request: Request) -> Response:
 
 
 def _schedule_loader(name: str) -> Loader:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await automation.schedule(conn, name)
 
     return load

@@ -11,6 +11,7 @@ from typing import Any
 from conveyor.api.dashboard.data import NotFound
 from conveyor.api.dashboard.web import pretty
 from conveyor.domain.placement import Candidate, Claim
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 QUEUE_SHOWN = 50  # waiting executions shown per group; the rest are counted
@@ -24,7 +25,7 @@ def group_label(key: Any) -> str:
     return json.dumps(key, ensure_ascii=False) if key else ""
 
 
-async def policies(conn: Any) -> dict[str, Any]:
+async def policies(conn: AsyncConn) -> dict[str, Any]:
     rows = list(await (await conn.execute(Q["list_policies"])).fetchall())
     slots = await (await conn.execute(Q["dash_policy_slots"], {"limit": SLOTS_SHOWN})).fetchall()
     queue = await conn.execute(Q["dash_policy_queue"], {"groups": GROUPS_SHOWN, "per_group": QUEUE_SHOWN})
@@ -55,7 +56,7 @@ def offering(action: Mapping[str, Any], live: Sequence[Mapping[str, Any]]) -> li
     return [w for w in live if Candidate(w["id"], w["runtimes"], w["actions"], w["capacity"], w["load"]).can_run(claim)]
 
 
-async def actions(conn: Any) -> dict[str, Any]:
+async def actions(conn: AsyncConn) -> dict[str, Any]:
     rows = list(await (await conn.execute(Q["list_actions"])).fetchall())
     live = list(await (await conn.execute(Q["live_workers"])).fetchall())
     hour: dict[str, dict[str, int]] = {}
@@ -65,7 +66,7 @@ async def actions(conn: Any) -> dict[str, Any]:
     return {"actions": listed}
 
 
-async def action(conn: Any, ref: str) -> dict[str, Any]:
+async def action(conn: AsyncConn, ref: str) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_action"], {"ref": ref})).fetchone()
     if row is None:
         raise NotFound(f"no action {ref}")

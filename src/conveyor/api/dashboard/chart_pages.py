@@ -14,6 +14,7 @@ from conveyor.api.dashboard import charts
 from conveyor.api.dashboard.charts import Series
 from conveyor.api.dashboard.pages import Loader, _view, cached
 from conveyor.api.dashboard.web import seconds
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 router = APIRouter()
@@ -22,7 +23,7 @@ QUEUE_ACTIONS = 15  # the deepest queues shown; the rest are summed up under the
 _TTL = 2.0  # read at most this often per API process, however many browsers poll
 
 
-async def chart_values(conn: Any) -> dict[str, Any]:
+async def chart_values(conn: AsyncConn) -> dict[str, Any]:
     finished = await (await conn.execute(Q["chart_finished_by_minute"])).fetchall()
     latency = await (await conn.execute(Q["chart_latency_by_minute"])).fetchall()
     queue = await (await conn.execute(Q["chart_queue_depth"], {"limit": QUEUE_ACTIONS + 1})).fetchall()

@@ -17,6 +17,7 @@ from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.ids import parse_id
 from conveyor.domain.status import TERMINAL, ExecutionStatus
 from conveyor.domain.storable import BASE64, readable
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 STATUSES = [s.value for s in ExecutionStatus]
@@ -106,11 +107,11 @@ def _worker(row: Mapping[str, Any]) -> dict[str, Any]:
     return {**row, "stale": stale}
 
 
-async def workers(conn: Any) -> list[dict[str, Any]]:
+async def workers(conn: AsyncConn) -> list[dict[str, Any]]:
     return [_worker(r) for r in await (await conn.execute(Q["list_workers"])).fetchall()]
 
 
-async def overview(conn: Any) -> dict[str, Any]:
+async def overview(conn: AsyncConn) -> dict[str, Any]:
     counts = dict.fromkeys(STATUSES, 0)
     for row in await (await conn.execute(Q["counts_by_status"])).fetchall():
         counts[row["status"]] = row["n"]
@@ -135,7 +136,7 @@ async def overview(conn: Any) -> dict[str, Any]:
     }
 
 
-async def executions(conn: Any, filters: ExecutionFilters) -> dict[str, Any]:
+async def executions(conn: AsyncConn, filters: ExecutionFilters) -> dict[str, Any]:
     statuses = [filters.status] if filters.status else None
     found = filters.search
     params = {
@@ -197,7 +198,7 @@ def _output(result: Any) -> dict[str, Any]:
     return view
 
 
-async def execution(conn: Any, eid: int) -> dict[str, Any]:
+async def execution(conn: AsyncConn, eid: int) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_execution"], {"id": eid})).fetchone()
     if row is None:
         raise NotFound(f"no execution {eid}")
@@ -228,11 +229,11 @@ async def execution(conn: Any, eid: int) -> dict[str, Any]:
     }
 
 
-async def actions(conn: Any) -> list[dict[str, Any]]:
+async def actions(conn: AsyncConn) -> list[dict[str, Any]]:
     return list(await (await conn.execute(Q["list_actions"])).fetchall())
 
 
-async def dead_letters(conn: Any, filters: DeadLetterFilters) -> dict[str, Any]:
+async def dead_letters(conn: AsyncConn, filters: DeadLetterFilters) -> dict[str, Any]:
     params = {
         "reason": filters.reason,
         "resolution": filters.resolution,
@@ -251,14 +252,14 @@ async def dead_letters(conn: Any, filters: DeadLetterFilters) -> dict[str, Any]:
 INQUIRY_STATUSES = ("pending", "responded", "timeout", "cancelled")
 
 
-async def inquiries(conn: Any, status: str | None) -> dict[str, Any]:
+async def inquiries(conn: AsyncConn, status: str | None) -> dict[str, Any]:
     """The newest inquiries of ``status`` (None: any)."""
     params = {"status": status, "before": None, "limit": PAGE}
     rows = await (await conn.execute(Q["list_inquiries"], params)).fetchall()
     return {"inquiries": rows, "status": status, "limit": PAGE, "statuses": INQUIRY_STATUSES}
 
 
-async def inquiry(conn: Any, iid: int) -> dict[str, Any]:
+async def inquiry(conn: AsyncConn, iid: int) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_inquiry"], {"id": iid})).fetchone()
     if row is None:
         raise NotFound(f"no inquiry {iid}")

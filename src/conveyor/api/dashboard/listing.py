@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.api import search
 from conveyor.domain.errors import ConveyorError
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 RETRY_LIMIT = 100  # "retry failed" reruns at most this many at once
@@ -83,7 +84,7 @@ def api_query(filters: Any) -> dict[str, str]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-async def admission_waiting(conn: Any, rows: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+async def admission_waiting(conn: AsyncConn, rows: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """Execution id -> why it waits (policy, group, limit, ahead), for the rows shown that
     are ``requested`` (only those can wait for a slot)."""
     ids = [r["id"] for r in rows if r["status"] == "requested"]

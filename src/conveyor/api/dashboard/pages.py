@@ -20,7 +20,7 @@ from conveyor.api.dashboard.data import DeadLetterFilters, ExecutionFilters, Not
 from conveyor.api.dashboard.web import HEADERS, principal_of, render, to_login
 from conveyor.domain.dead_letters import REASONS, RESOLUTIONS
 from conveyor.domain.ids import parse_id
-from conveyor.store.db import log_operational
+from conveyor.store.db import AsyncConn, log_operational
 
 router = APIRouter()
 log = structlog.get_logger(__name__)
@@ -59,7 +59,7 @@ def cached(request: Request, key: str, ttl: float, read: Loader) -> Loader:
     poll the page: its values are kept on the app's state under ``key``."""
     state = request.app.state
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         read_at, values = getattr(state, key, (0.0, {}))
         if time.monotonic() - read_at >= ttl:
             values = await read(conn)
@@ -90,7 +90,7 @@ async def overview_live(request: Request) -> Response:
 def _executions_loader(request: Request, page: bool) -> Loader:
     filters = ExecutionFilters.parse(request.query_params)
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         values = {**await data.executions(conn, filters), "filters": filters}
         if page:
             actions = await data.actions(conn)
@@ -123,7 +123,7 @@ async def executions_live(request: Request) -> Response:
 
 
 def _execution_loader(execution_id: str) -> Loader:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         eid = parse_id(execution_id)
         if eid is None:
             raise NotFound(f"no execution {execution_id}")
@@ -145,7 +145,7 @@ async def execution_live(request: Request, execution_id: str) -> Response:
 # -- workers --------------------------------------------------------------------------------
 
 
-async def _workers(conn: Any) -> dict[str, Any]:
+async def _workers(conn: AsyncConn) -> dict[str, Any]:
     return await worker_views.workers(conn)  # issue #15: runs, offers, why inactive
 
 
@@ -165,7 +165,7 @@ async def workers_live(request: Request) -> Response:
 def _dead_letters_loader(request: Request) -> Loader:
     filters = DeadLetterFilters.parse(request.query_params)
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return {
             **await data.dead_letters(conn, filters),
             "filters": filters,
@@ -196,7 +196,7 @@ async def workflows(request: Request) -> Response:
 
 @router.get("/workflows/{ref}")
 async def workflow(request: Request, ref: str) -> Response:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         values = await workflow_views.workflow(conn, ref)
         if values is None:
             raise NotFound(f"no workflow {ref}")
@@ -212,7 +212,7 @@ def _inquiries_loader(request: Request) -> Loader:
     raw = request.query_params.get("status", "pending")
     status = raw if raw in data.INQUIRY_STATUSES else None  # "any" (or anything else): every status
 
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         return await data.inquiries(conn, status)
 
     return load
@@ -229,7 +229,7 @@ async def inquiries_live(request: Request) -> Response:
 
 
 def _inquiry_loader(inquiry_id: str) -> Loader:
-    async def load(conn: Any) -> dict[str, Any]:
+    async def load(conn: AsyncConn) -> dict[str, Any]:
         iid = parse_id(inquiry_id)
         if iid is None:
             raise NotFound(f"no inquiry {inquiry_id}")

@@ -13,13 +13,14 @@ from fastapi.responses import Response
 from conveyor.api.auth import Role
 from conveyor.api.dashboard.pages import _view
 from conveyor.api.dashboard.web import HEADERS, principal_of, render
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 router = APIRouter()
 _NEEDS = "managing tokens needs the admin role"
 
 
-async def _tokens(conn: Any) -> dict[str, Any]:
+async def _tokens(conn: AsyncConn) -> dict[str, Any]:
     return {"tokens": list(await (await conn.execute(Q["list_tokens"])).fetchall())}
 
 

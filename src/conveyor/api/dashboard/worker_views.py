@@ -10,6 +10,7 @@ from typing import Any
 
 from conveyor.api.dashboard import data
 from conveyor.domain.status import InactiveReason, WorkerStatus
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 
 RUNS_SHOWN = 20
@@ -23,7 +24,7 @@ REASONS: dict[str, str] = {
 }
 
 
-async def workers(conn: Any) -> dict[str, Any]:
+async def workers(conn: AsyncConn) -> dict[str, Any]:
     fleet = await data.workers(conn)
     runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for run in await (await conn.execute(Q["dash_worker_runs"], {"limit": RUNS_SHOWN})).fetchall():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.api.dashboard.layout import FONT_NOTE, PAD_X, Box, Layout, fit, layout
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 from conveyor.workflows.graph import graph
 from conveyor.workflows.spec import WorkflowSpec
@@ -61,7 +62,7 @@ def graph_view(definition: Mapping[str, Any], states: Sequence[Mapping[str, Any]
     return GraphView(placed, tuple(tasks))
 
 
-async def workflow_of(conn: Any, eid: int) -> dict[str, Any] | None:
+async def workflow_of(conn: AsyncConn, eid: int) -> dict[str, Any] | None:
     """A workflow execution's graph with live states and its task tree; None for an
     execution that is not a started workflow."""
     workflow = await (await conn.execute(Q["workflow_of_execution"], {"id": eid})).fetchone()
@@ -72,11 +73,11 @@ async def workflow_of(conn: Any, eid: int) -> dict[str, Any] | None:
     return {"state": workflow, "graph": graph_view(workflow["definition"], states), "tasks": tasks}
 
 
-async def workflows(conn: Any) -> dict[str, Any]:
+async def workflows(conn: AsyncConn) -> dict[str, Any]:
     return {"workflows": await (await conn.execute(Q["list_workflows"])).fetchall()}
 
 
-async def workflow(conn: Any, ref: str) -> dict[str, Any] | None:
+async def workflow(conn: AsyncConn, ref: str) -> dict[str, Any] | None:
     row = await (await conn.execute(Q["get_workflow"], {"ref": ref, "version": None})).fetchone()
     if row is None:
         return None

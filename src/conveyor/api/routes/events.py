@@ -29,6 +29,7 @@ from conveyor.api.routes.executions import ERRORS, WITH_BODY, IdempotencyKey
 from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
 from conveyor.domain.errors import ConflictError
+from conveyor.domain.ids import MAX_ID
 from conveyor.store.queries import Q
 from conveyor.verbs import events as event_verbs
 from conveyor.verbs.drive import run_async
@@ -37,7 +38,7 @@ router = APIRouter(prefix="/events", tags=["events"])
 enforcements = APIRouter(prefix="/enforcements", tags=["enforcements"])
 Ctx = Annotated[ApiContext, Depends(context)]
 Since = Annotated[datetime | None, Query(description="at or after (RFC 3339)")]
-Before = Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")]
+Before = Annotated[int | None, Query(ge=1, le=MAX_ID, description="cursor: ids below this")]
 Limit = Annotated[int, Query(ge=1, le=500)]
 EMIT_ERRORS: dict[int | str, dict[str, Any]] = {
     **WITH_BODY,
@@ -129,7 +130,7 @@ async def list_enforcements(
     ctx: Ctx,
     _: Viewer,
     rule: Annotated[str | None, Query(max_length=255, description="a rule's ref")] = None,
-    event: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    event: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     outcome: Annotated[str | None, Query(pattern="^(requested|template_error|request_error|rule_disabled)$")] = None,
     since: Since = None,
     before: Before = None,

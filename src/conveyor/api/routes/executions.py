@@ -22,6 +22,7 @@ from conveyor.api.schemas import CancelOut, ErrorOut, ExecutionOut, ExecutionPag
 from conveyor.api.workflow_schemas import CancelIn, RerunIn
 from conveyor.domain.errors import ExecutionNotFoundError
 from conveyor.domain.idempotency import MAX_LENGTH, PATTERN
+from conveyor.domain.ids import MAX_ID
 from conveyor.domain.models import summary_fields
 from conveyor.domain.status import ExecutionStatus
 from conveyor.store.db import log_operational
@@ -114,7 +115,7 @@ async def list_executions(
     worker: Annotated[str | None, Query(description="worker name")] = None,
     since: Annotated[datetime | None, Query(description="created at or after")] = None,
     until: Annotated[datetime | None, Query(description="created before")] = None,
-    before: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids below this")] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="cursor: ids below this")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     parameters: Annotated[str | None, Query(max_length=search.MAX_TERM, description=SEARCH_PARAMETERS)] = None,
     error: Annotated[str | None, Query(max_length=search.MAX_TERM, description=SEARCH_ERROR)] = None,
@@ -183,7 +184,7 @@ def _parse_cursor(value: str | None) -> tuple[datetime, int] | None:
         return None
     # Only what this endpoint sends: an aware time (a naive one cannot be compared with the
     # rows'), far enough from datetime.min to look back from, an id PostgreSQL can hold.
-    if cursor[0].tzinfo is None or cursor[0].year < 2 or not 0 <= cursor[1] <= 2**62:
+    if cursor[0].tzinfo is None or cursor[0].year < 2 or not 0 <= cursor[1] <= MAX_ID:
         return None
     return cursor
 
@@ -241,7 +242,7 @@ async def get(execution_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
 
 
 def valid_id(eid: int) -> int:
-    if not 1 <= eid <= 2**62:
+    if not 1 <= eid <= MAX_ID:
         raise ExecutionNotFoundError(eid)
     return eid
 

@@ -15,6 +15,7 @@ from conveyor.api.event_schemas import TriggerCreate, TriggerIn, TriggerOut, Tri
 from conveyor.api.routes.executions import ERRORS, WITH_BODY
 from conveyor.api.schemas import ErrorOut
 from conveyor.domain import events as ev
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 from conveyor.verbs import events as event_verbs
 from conveyor.verbs.drive import run_async
@@ -30,7 +31,7 @@ REGISTER_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _get(conn: Any, name: str) -> dict[str, Any]:
+async def _get(conn: AsyncConn, name: str) -> dict[str, Any]:
     if not ev.valid_trigger_name(name):
         raise ev.trigger_not_found(name)
     row = await (await conn.execute(Q["get_trigger"], {"name": name})).fetchone()

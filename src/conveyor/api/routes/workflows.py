@@ -23,7 +23,9 @@ from conveyor.api.workflow_schemas import (
     WorkflowSummaryOut,
 )
 from conveyor.domain.errors import ExecutionNotFoundError, NotFoundError
+from conveyor.domain.ids import MAX_ID
 from conveyor.domain.models import summary_fields
+from conveyor.store.db import AsyncConn
 from conveyor.store.queries import Q
 from conveyor.verbs import common as verbs
 from conveyor.verbs import executions as execution_verbs
@@ -45,7 +47,7 @@ CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _workflow(conn: Any, ref: str, version: int | None = None) -> dict[str, Any]:
+async def _workflow(conn: AsyncConn, ref: str, version: int | None = None) -> dict[str, Any]:
     row = await (await conn.execute(Q["get_workflow"], {"ref": ref, "version": version})).fetchone()
     versions = await (await conn.execute(Q["workflow_versions"], {"ref": ref})).fetchall()
     return definitions.found(ref, version, row, versions)
@@ -113,7 +115,7 @@ async def children(
     execution_id: int,
     ctx: Ctx,
     _: Viewer,
-    after: Annotated[int | None, Query(ge=1, le=2**62, description="cursor: ids above this")] = None,
+    after: Annotated[int | None, Query(ge=1, le=MAX_ID, description="cursor: ids above this")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
     """The executions it requested (its tasks' children, retries included), oldest first,
