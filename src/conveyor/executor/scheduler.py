@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import jsonschema
 import structlog
 from psycopg import AsyncCursor
 from psycopg.rows import class_row
 
+from conveyor.domain import parameters
 from conveyor.domain.inquiries import ask_problems
 from conveyor.domain.placement import Claim, place
 from conveyor.ops import failpoints
@@ -64,7 +64,7 @@ class Scheduler:
         self._workflow_max_depth = workflow_max_depth
         self._next_unplaceable_check = 0.0
         self._full = False  # the last claim filled a batch
-        self._validators: dict[tuple[str, Any], jsonschema.protocols.Validator] = {}
+        self._validators: dict[tuple[str, Any], parameters.Problems] = {}
 
     async def run_round(self) -> RoundResult:
         # Pipelined: statements that do not need an earlier result travel together, so
@@ -190,18 +190,13 @@ class Scheduler:
 
     def _invalid(self, row: ClaimedExecution) -> str | None:
         key = (row.action_ref, row.action_updated)
-        validator = self._validators.get(key)
-        if validator is None:
-            cls = jsonschema.validators.validator_for(row.parameters_schema)
-            validator = cls(row.parameters_schema)
-            self._validators[key] = validator
-        errors = sorted(validator.iter_errors(row.parameters), key=lambda e: list(e.path))
-        if not errors:
-            problems = ask_problems(row.parameters) if row.runner_type == INQUIRY else []
-            return "invalid parameters: " + "; ".join(problems) if problems else None
-        return "invalid parameters: " + "; ".join(
-            f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors
-        )
+        problems_of = self._validators.get(key)
+        if problems_of is None:
+            problems_of = self._validators[key] = parameters.checker(row.parameters_schema, root="(root)")
+        problems = problems_of(row.parameters)
+        if not problems and row.runner_type == INQUIRY:
+            problems = ask_problems(row.parameters)
+        return "invalid parameters: " + "; ".join(problems) if problems else None
 
     async def reclaim_stale(self, older_than: float) -> int:
         async with self._pool.connection() as conn, conn.transaction():

@@ -13,14 +13,13 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-import jsonschema
-import jsonschema_rs
 import psycopg
 from psycopg.types.json import Jsonb
 
 from conveyor.domain.delays import DelayError, check_aware, check_delay
 from conveyor.domain.errors import ConflictError, ExecutionNotFoundError, InvalidParametersError, UnknownActionError
 from conveyor.domain.idempotency import check_idempotency_key
+from conveyor.domain.parameters import checker as problems_checker
 from conveyor.domain.retention import RetentionError
 from conveyor.domain.storable import unstorable
 from conveyor.verbs.common import refusals
@@ -150,54 +149,15 @@ def validate_parameters(action_ref: str, parameters_schema: dict[str, Any], para
 
 
 def parameters_checker(action_ref: str, parameters_schema: dict[str, Any]) -> Callable[[Any], None]:
-    """validate_parameters for many documents of one action: the validator is built once
-    (building it per document was most of a 100,000-row batch's time). Where the schema
-    uses no keyword whose meaning differs between engines (see _engines_agree), a valid
-    document is recognised by jsonschema_rs (~1 us, against ~35 us for jsonschema); any
-    document it refuses is judged, and its errors worded, by jsonschema, as for one request."""
-    full = jsonschema.validators.validator_for(parameters_schema)(parameters_schema)
-    fast = _fast_validator(parameters_schema)
+    """validate_parameters for many documents of one action (domain.parameters.checker:
+    built once), raising InvalidParametersError with every problem."""
+    problems_of = problems_checker(parameters_schema)
 
-    def check(parameters: Any) -> None:
-        if fast is not None:
-            try:
-                if fast.is_valid(parameters):
-                    return
-            except (ValueError, TypeError):  # not a JSON document: jsonschema decides
-                pass
-        elif full.is_valid(parameters):
-            return
-        errors = sorted(full.iter_errors(parameters), key=lambda e: list(e.path))
-        if errors:
-            raise InvalidParametersError(
-                action_ref, [f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors]
-            )
+    def check(document: Any) -> None:
+        if problems := problems_of(document):
+            raise InvalidParametersError(action_ref, problems)
 
     return check
-
-
-# Keywords whose meaning can differ between jsonschema and jsonschema_rs: regular
-# expressions (Python's re against an ECMA-like engine), formats, and references (which
-# might be fetched). A schema using any of them (even as a property name) is judged by
-# jsonschema alone.
-_ENGINE_SENSITIVE = frozenset({"pattern", "patternProperties", "format", "$ref", "$dynamicRef", "$recursiveRef"})
-
-
-def _engines_agree(node: Any) -> bool:
-    if isinstance(node, dict):
-        return not (_ENGINE_SENSITIVE & node.keys()) and all(_engines_agree(v) for v in node.values())
-    if isinstance(node, list):
-        return all(_engines_agree(v) for v in node)
-    return True
-
-
-def _fast_validator(parameters_schema: dict[str, Any]) -> Any:
-    if not _engines_agree(parameters_schema):
-        return None
-    try:
-        return jsonschema_rs.validator_for(parameters_schema, validate_formats=False, offline=True)
-    except Exception:  # a schema jsonschema_rs does not take: jsonschema alone
-        return None
 
 
 def rerun(execution_id: int, *, from_failed: bool, by: str, requested_by: str | None = None) -> Verb[int]:
