@@ -325,8 +325,12 @@ def test_concurrent_requesters_and_finishers_keep_limits_and_order(db_url: str, 
         try:
             with connect_sync(db_url, SCHEMA, autocommit=True) as c:
                 for _ in range(40):
-                    c.execute("UPDATE execution SET status = 'cancelled' WHERE id IN (SELECT execution FROM "
-                              "execution_admission_slot ORDER BY random() LIMIT 3)")  # fmt: skip
+                    # Three random holders, locked in id order: two finishers taking rows in
+                    # different orders deadlock with each other (the test's own race, not
+                    # the one under test: seen in a CI run).
+                    c.execute("UPDATE execution SET status = 'cancelled' WHERE id IN (SELECT id FROM execution"
+                              " WHERE id IN (SELECT execution FROM execution_admission_slot ORDER BY random()"
+                              " LIMIT 3) ORDER BY id FOR UPDATE)")  # fmt: skip
         except BaseException as exc:
             errors.append(exc)
 

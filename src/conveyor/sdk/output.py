@@ -62,8 +62,8 @@ class OutputMethods:
         # New output, and the end (the last chunks are stored before the result).
         channels = [sql.Identifier(channel(self.schema, topic)) for topic in (Topic.OUTPUT, Topic.COMPLETED)]
         if follow:
-            for channel in channels:
-                self.conn.execute(sql.SQL("LISTEN {}").format(channel))
+            for name in channels:
+                self.conn.execute(sql.SQL("LISTEN {}").format(name))
         try:
             while True:
                 chunks, ended = self.output(execution_id, after=after)
@@ -80,5 +80,5 @@ class OutputMethods:
                     pass
         finally:
             if follow:
-                for channel in channels:
-                    self.conn.execute(sql.SQL("UNLISTEN {}").format(channel))
+                for name in channels:
+                    self.conn.execute(sql.SQL("UNLISTEN {}").format(name))
